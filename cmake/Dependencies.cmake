@@ -1,0 +1,11 @@
+# Every dependency is a Debian 12 package; docs/dependencies.md says why each one.
+find_package(nlohmann_json 3.10 REQUIRED)   # nlohmann-json3-dev
+find_package(yaml-cpp 0.7 REQUIRED)         # libyaml-cpp-dev
+find_package(fmt 9 REQUIRED)                # libfmt-dev
+find_package(CLI11 2.1 REQUIRED)            # libcli11-dev
+if(TESSEL_BUILD_TESTS)
+  find_package(GTest REQUIRED)              # libgtest-dev
+endif()
+if(TESSEL_BUILD_BENCH)
+  find_package(benchmark REQUIRED)          # libbenchmark-dev
+endif()
