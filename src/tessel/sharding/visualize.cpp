@@ -82,6 +82,8 @@ std::string visualize(const NamedSharding& sharding, const Shape& shape) {
   if (shape.rank() == 2) {
     row_dim = 0;
     col_dim = 1;
+  } else if (sharded.empty()) {
+    if (shape.rank() > 0) col_dim = shape.rank() - 1;  // one cell, headed by the full range
   } else if (sharded.size() == 1) {
     if (sharded[0] + 1 == shape.rank()) col_dim = sharded[0]; else row_dim = sharded[0];
   } else if (sharded.size() >= 2) {
