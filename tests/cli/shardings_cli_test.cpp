@@ -3,6 +3,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -77,6 +78,17 @@ TEST(ShardingsCli, ShowDrawsOneSharding) {
   Result boxes = run("shardings --mesh fsdp=4 --spec '[\"fsdp\"]' --shape 10");
   ASSERT_EQ(boxes.rc, 0) << boxes.err;
   EXPECT_THAT(boxes.out, HasSubstr("device    3  [9:10]  replica 0"));
+}
+
+TEST(ShardingsCli, BundledExampleResolvesStrictly) {
+  std::string ex = std::string(TESSEL_EXAMPLES_DIR) + "/shardings/";
+  Result r = run("shardings --rules " + ex + "rules.yml --logical " + ex + "tiny_lm_logical.json" +
+                 " --mesh data=2,fsdp=2,tensor=2 --strict");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["params/token_embedder/embedding"]["partition_spec"], nlohmann::json::parse(R"(["tensor", "fsdp"])"));
+  EXPECT_EQ(j["params/decoder/final_norm/scale"]["partition_spec"], nlohmann::json::parse(R"([["fsdp", "tensor"]])"));
+  EXPECT_EQ(j["params/decoder/layers/mlp/wo/kernel"]["partition_spec"], nlohmann::json::parse(R"(["tensor", null, "fsdp"])"));
 }
 
 TEST(ShardingsCli, HelpDocumentsTheOptions) {

@@ -54,7 +54,9 @@ TEST(Mesh, BadTextNamesTheOffendingItem) {
   EXPECT_THAT([] { Mesh::parse("data=-2"); }, ThrowsMessage<ValueError>(HasSubstr("'data' has size -2")));
   EXPECT_THAT([] { Mesh::parse("data=2,data=4"); }, ThrowsMessage<ValueError>(HasSubstr("'data' appears twice")));
   EXPECT_THAT([] { Mesh::parse("=2"); }, ThrowsMessage<ValueError>(HasSubstr("empty axis name")));
-  EXPECT_THAT([] { Mesh::parse("a=99999999999,b=99999999999"); }, ThrowsMessage<ValueError>(HasSubstr("int64")));
+  EXPECT_THAT([] { Mesh::parse("a=99999999999,b=99999999999"); }, ThrowsMessage<ValueError>(HasSubstr("more than 1048576 devices")));
+  EXPECT_THAT([] { Mesh::parse("fsdp=1000000000"); }, ThrowsMessage<ValueError>(HasSubstr("more than 1048576 devices")));
+  EXPECT_THAT([] { Mesh::parse("a=99999999999999999999"); }, ThrowsMessage<ValueError>(HasSubstr("not an integer")));
 }
 
 TEST(Mesh, DeviceListMustMatchTheAxes) {

@@ -39,6 +39,9 @@ TEST(SpecIo, BadLogicalDumpsNameTheEntry) {
   EXPECT_THAT(bad(R"({"w": {"partition_spec": "a", "shape": [2]}})"),
               ThrowsMessage<ParseError>(HasSubstr("must be an array")));
   EXPECT_THAT(bad("{\"w\": "), ThrowsMessage<ParseError>(HasSubstr("l.json:1:")));
+  // Found by fuzzing: a number too large for a double is a parse error, not a crash.
+  EXPECT_THAT(bad(R"({"w": {"partition_spec": [], "shape": [1e999]}})"),
+              ThrowsMessage<ParseError>(HasSubstr("unsupported JSON: number overflow")));
 }
 
 TEST(SpecIo, NamedDumpRoundTrips) {

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
 
 namespace tessel {
 namespace {
@@ -16,27 +17,18 @@ void check_dims(const std::vector<int64_t>& dims) {
       throw ValueError(fmt::format("shape dimension {} has negative size {}", d, dims[d]));
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 }  // namespace
 
 Shape::Shape(std::initializer_list<int64_t> dims) : dims_(dims) { check_dims(dims_); }
 Shape::Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) { check_dims(dims_); }
 
 Shape Shape::parse(std::string_view text) {
-  std::string_view body = trim(text);
+  std::string_view body = text_util::trim(text);
   if (body.size() >= 2 && body.front() == '[' && body.back() == ']')
-    body = trim(body.substr(1, body.size() - 2));
+    body = text_util::trim(body.substr(1, body.size() - 2));
   std::vector<int64_t> dims;
   if (body.empty()) return Shape(dims);
-  size_t pos = 0;
-  while (true) {
-    size_t comma = body.find(',', pos);
-    std::string_view item = trim(body.substr(pos, comma == std::string_view::npos ? body.npos : comma - pos));
+  for (std::string_view item : text_util::split_commas(body)) {
     int64_t value = 0;
     auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
     if (item.empty() || ec != std::errc() || end != item.data() + item.size())
@@ -46,8 +38,6 @@ Shape Shape::parse(std::string_view text) {
       throw ValueError(fmt::format("shape '{}': dimension {} has negative size {}", text,
                                    dims.size(), value));
     dims.push_back(value);
-    if (comma == std::string_view::npos) break;
-    pos = comma + 1;
   }
   return Shape(std::move(dims));
 }

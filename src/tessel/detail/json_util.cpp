@@ -25,6 +25,11 @@ Json parse(std::string_view text, std::string_view source) {
     // Drop nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 2: " lead.
     if (auto colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
     throw ParseError(std::string(source), line, column, "invalid JSON: " + what);
+  } catch (const nlohmann::json::exception& e) {
+    // Not a syntax error but a value JSON allows and nlohmann cannot hold (a number out of range).
+    std::string what = e.what();
+    if (auto close = what.find("] "); close != std::string::npos) what = what.substr(close + 2);
+    throw ParseError(std::string(source), 0, 0, "unsupported JSON: " + what);
   }
 }
 

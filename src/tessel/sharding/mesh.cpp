@@ -8,15 +8,13 @@
 #include <fmt/ranges.h>
 
 #include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
 
 namespace tessel {
 namespace {
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
+// Far above any real mesh; keeps a typo such as "fsdp=1000000000" from allocating gigabytes.
+constexpr int64_t kMaxMeshDevices = int64_t{1} << 20;
 
 int64_t checked_device_count(const std::vector<MeshAxis>& axes) {
   int64_t n = 1;
@@ -28,8 +26,8 @@ int64_t checked_device_count(const std::vector<MeshAxis>& axes) {
         throw ValueError(fmt::format("mesh axis '{}' appears twice (positions {} and {})", a.name, j, i));
     if (a.size < 1)
       throw ValueError(fmt::format("mesh axis '{}' has size {}; sizes must be >= 1", a.name, a.size));
-    if (__builtin_mul_overflow(n, a.size, &n))
-      throw ValueError("mesh has more devices than int64 can count");
+    if (__builtin_mul_overflow(n, a.size, &n) || n > kMaxMeshDevices)
+      throw ValueError(fmt::format("mesh has more than {} devices (the most tessel supports)", kMaxMeshDevices));
   }
   return n;
 }
@@ -41,14 +39,11 @@ std::vector<int64_t> iota_devices(const std::vector<MeshAxis>& axes) {
 }
 
 std::vector<MeshAxis> parse_axes(std::string_view text) {
-  std::string_view body = trim(text);
-  if (body.empty())
+  using text_util::trim;
+  if (trim(text).empty())
     throw ValueError("mesh '' is empty: expected axis=size pairs such as data=2,fsdp=4");
   std::vector<MeshAxis> axes;
-  size_t pos = 0;
-  while (true) {
-    size_t comma = body.find(',', pos);
-    std::string_view item = trim(body.substr(pos, comma == body.npos ? body.npos : comma - pos));
+  for (std::string_view item : text_util::split_commas(trim(text))) {
     size_t eq = item.find('=');
     if (eq == item.npos)
       throw ValueError(fmt::format("mesh '{}': item '{}' is not axis=size", text, item));
@@ -62,8 +57,6 @@ std::vector<MeshAxis> parse_axes(std::string_view text) {
       throw ValueError(fmt::format("mesh '{}': axis '{}' has size '{}', not an integer", text,
                                    name, size_text));
     axes.push_back({std::string(name), size});
-    if (comma == body.npos) break;
-    pos = comma + 1;
   }
   return axes;
 }

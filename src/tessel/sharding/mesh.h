@@ -24,7 +24,7 @@ struct MeshAxis {
 class Mesh {
  public:
   // Devices 0 .. product(sizes) - 1. Throws ValueError on an empty or repeated axis name, a size
-  // below 1, or a device count that overflows.
+  // below 1, or more than 2^20 devices.
   explicit Mesh(std::vector<MeshAxis> axes);
   // Explicit device ids, laid out row-major; their count must equal the product of the sizes.
   Mesh(std::vector<MeshAxis> axes, std::vector<int64_t> device_ids);

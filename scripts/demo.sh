@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The main job for now: install what is missing, build, and resolve the bundled example model's
+# logical axes onto a data x fsdp x tensor mesh of 8 devices (the training issue will swap in
+# `tessel train`).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/install-deps.sh build
+cmake -S . -B build > /dev/null
+cmake --build build -j"$(nproc)" --target tessel_cli
+ex=examples/shardings
+mesh=data=2,fsdp=2,tensor=2
+echo
+echo "== tessel shardings: the example LM's logical axes resolved onto mesh $mesh"
+./build/src/tessel shardings --rules $ex/rules.yml --logical $ex/tiny_lm_logical.json --mesh $mesh \
+  --out build/named_shardings.json
+echo "   wrote build/named_shardings.json (MaxText's named_shardings.json format)"
+echo
+echo "== why: every rule tried, per dimension"
+./build/src/tessel shardings --rules $ex/rules.yml --logical $ex/tiny_lm_logical.json --mesh $mesh --explain
+echo "== how the token embedding is split over the 8 devices"
+./build/src/tessel shardings --mesh $mesh --spec '["tensor", "fsdp"]' --shape 1024,256 --show

@@ -1,0 +1,27 @@
+// Internal (not installed): splitting of the small comma lists the CLI takes ("16,8", "data=2,fsdp=4").
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace tessel::text_util {
+
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Items between commas, each trimmed; "a,,b" keeps the empty middle item for the caller to name.
+inline std::vector<std::string_view> split_commas(std::string_view s) {
+  std::vector<std::string_view> items;
+  size_t pos = 0;
+  while (true) {
+    size_t comma = s.find(',', pos);
+    items.push_back(trim(s.substr(pos, comma == s.npos ? s.npos : comma - pos)));
+    if (comma == s.npos) return items;
+    pos = comma + 1;
+  }
+}
+
+}  // namespace tessel::text_util
