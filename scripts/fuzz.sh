@@ -5,10 +5,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
 build=$root/build-fuzz
+mkdir -p "$build"
 CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSEL_BUILD_FUZZ=ON \
   -DTESSEL_BUILD_TESTS=OFF -DTESSEL_BUILD_BENCH=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$build.log" 2>&1 || { cat "$build.log"; exit 1; }
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j"$(nproc)" --target fuzz_sharding_parsers
 mkdir -p "$build/corpus" "$build/findings"
 cp -n "$root"/fuzz/corpus/* "$build/corpus/" 2>/dev/null || true
