@@ -1,12 +1,10 @@
-// Internal (not installed): JSON helpers shared by the parsers, so every JSON error reads alike.
+// Internal (not installed): JSON helpers shared by every layer's parsers, so JSON errors read alike.
 #pragma once
 
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
-
-#include "tessel/sharding/partition_spec.h"
 
 namespace tessel::json_util {
 
@@ -19,9 +17,5 @@ Json parse(std::string_view text, std::string_view source);
 std::string kind(const Json& j);
 // Dumps with invalid UTF-8 replaced rather than thrown on.
 std::string dump(const Json& j, int indent = -1);
-
-// A partition spec entry list: null, "axis", or ["a", "b"] per dimension.
-PartitionSpec spec_from_json(const Json& j, std::string_view what);
-Json spec_to_json(const PartitionSpec& spec);
 
 }  // namespace tessel::json_util

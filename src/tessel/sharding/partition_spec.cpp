@@ -8,6 +8,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
+#include "tessel/sharding/detail/spec_json.h"
 #include "tessel/sharding/mesh.h"
 
 namespace tessel {
@@ -37,7 +38,7 @@ PartitionSpec::PartitionSpec(std::vector<DimSharding> dims) : dims_(std::move(di
 
 PartitionSpec PartitionSpec::from_json(std::string_view text, std::string_view source) {
   nlohmann::json j = json_util::parse(text, source);
-  return json_util::spec_from_json(j, source);
+  return spec_json::from_json(j, source);
 }
 
 std::vector<std::string> PartitionSpec::used_axes() const {
@@ -77,6 +78,6 @@ std::string PartitionSpec::to_string() const {
   return out + ")";
 }
 
-std::string PartitionSpec::to_json() const { return json_util::spec_to_json(*this).dump(); }
+std::string PartitionSpec::to_json() const { return spec_json::to_json(*this).dump(); }
 
 }  // namespace tessel

@@ -5,6 +5,7 @@
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
 #include "tessel/detail/json_util.h"
+#include "tessel/sharding/detail/spec_json.h"
 
 namespace tessel {
 namespace {
@@ -84,7 +85,7 @@ std::string named_dump_json(const std::vector<NamedEntry>& entries, const Mesh& 
   for (const NamedEntry& e : entries) {
     Json entry = Json::object();
     entry["mesh"] = mesh_json;
-    entry["partition_spec"] = json_util::spec_to_json(e.spec);
+    entry["partition_spec"] = spec_json::to_json(e.spec);
     entry["shape"] = e.shape.dims();
     root[e.path] = std::move(entry);
   }
@@ -100,7 +101,7 @@ std::vector<NamedDumpEntry> parse_named_dump(std::string_view text, std::string 
     e.entry.path = path;
     e.entry.shape = shape_from_json(source, path, member(source, path, value, "shape"));
     try {
-      e.entry.spec = json_util::spec_from_json(member(source, path, value, "partition_spec"), "partition_spec");
+      e.entry.spec = spec_json::from_json(member(source, path, value, "partition_spec"), "partition_spec");
     } catch (const ValueError& err) {
       fail(source, path, err.what());
     }
