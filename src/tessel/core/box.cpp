@@ -28,7 +28,13 @@ Shape Box::shape() const {
   return Shape(std::move(dims));
 }
 
-int64_t Box::volume() const { return shape().num_elements(); }
+int64_t Box::volume() const {
+  int64_t n = 1;
+  for (size_t d = 0; d < rank(); ++d)
+    if (__builtin_mul_overflow(n, extent(d), &n))
+      throw ValueError(fmt::format("box {} has more elements than int64 can count", to_string()));
+  return n;
+}
 
 void Box::check_rank(size_t other, const char* what) const {
   if (other != rank())
