@@ -1,6 +1,8 @@
-// Internal (not installed): splitting of the small comma lists the CLI takes ("16,8", "data=2,fsdp=4").
+// Internal (not installed): small text helpers: comma lists ("16,8", "data=2,fsdp=4") and message
+// prefixes naming the thing an error is about.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -22,6 +24,11 @@ inline std::vector<std::string_view> split_commas(std::string_view s) {
     if (comma == s.npos) return items;
     pos = comma + 1;
   }
+}
+
+// "params/w: " for a non-empty `what` (a parameter path, a flag), "" otherwise.
+inline std::string what_prefix(std::string_view what) {
+  return what.empty() ? std::string() : std::string(what) + ": ";
 }
 
 }  // namespace tessel::text_util

@@ -6,13 +6,10 @@
 #include <fmt/ranges.h>
 
 #include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
 
 namespace tessel {
 namespace {
-
-std::string prefix(std::string_view what) {
-  return what.empty() ? std::string() : fmt::format("{}: ", what);
-}
 
 std::string axes_text(const std::vector<std::string>& axes) {
   if (axes.empty()) return "None";
@@ -91,7 +88,7 @@ LogicalRules::Flax LogicalRules::run_flax(const LogicalAxes& names, std::string_
         throw ShardingError(fmt::format(
             "{}logical axis '{}' names both dimension {} and dimension {}; a logical name may "
             "appear only once per array",
-            prefix(what), *names[i], j, i));
+            text_util::what_prefix(what), *names[i], j, i));
 
   // Rules that can match, in rule order. Each rule matches at most one dimension because the
   // names are unique, so scanning these is the same as Flax scanning every rule.
@@ -161,10 +158,10 @@ PartitionSpec LogicalRules::run(const LogicalAxes& names, const Mesh& mesh,
                                 std::string_view what, Resolution* trace) const {
   const size_t n = names.size();
   if (shape && shape->rank() != n)
-    throw ValueError(fmt::format("{}{} logical axes given for shape {} of rank {}", prefix(what), n,
+    throw ValueError(fmt::format("{}{} logical axes given for shape {} of rank {}", text_util::what_prefix(what), n,
                                  shape->to_string(), shape->rank()));
   if (options.drop_indivisible && !shape)
-    throw ValueError(fmt::format("{}dropping indivisible mesh axes needs the array's shape", prefix(what)));
+    throw ValueError(fmt::format("{}dropping indivisible mesh axes needs the array's shape", text_util::what_prefix(what)));
 
   Flax f = run_flax(names, what, trace);
 
@@ -183,7 +180,7 @@ PartitionSpec LogicalRules::run(const LogicalAxes& names, const Mesh& mesh,
           }
         }
         throw ShardingError(fmt::format("{}{}: no rule maps logical axis '{}' (strict mode){}",
-                                        prefix(what), dim_name(names, d), name, hint));
+                                        text_util::what_prefix(what), dim_name(names, d), name, hint));
       }
       std::vector<std::string> reasons;
       for (const auto& [dim, trial] : f.blocked)
@@ -193,7 +190,7 @@ PartitionSpec LogicalRules::run(const LogicalAxes& names, const Mesh& mesh,
                                         dim_name(names, trial.holder_dim), rule_label(trial.holder_rule)));
       throw ShardingError(fmt::format(
           "{}{} ends unsharded because every rule for '{}' is blocked (strict mode): {}",
-          prefix(what), dim_name(names, d), name, fmt::join(reasons, "; ")));
+          text_util::what_prefix(what), dim_name(names, d), name, fmt::join(reasons, "; ")));
     }
   }
 
@@ -213,7 +210,7 @@ PartitionSpec LogicalRules::run(const LogicalAxes& names, const Mesh& mesh,
       if (!present)
         throw ShardingError(fmt::format(
             "{}{} resolves to mesh axis '{}' by {}, but {} has no such axis (its axes: {})",
-            prefix(what), dim_name(names, d), axis, rule_label(*f.applied[d]), mesh.to_string(),
+            text_util::what_prefix(what), dim_name(names, d), axis, rule_label(*f.applied[d]), mesh.to_string(),
             fmt::join(mesh.axis_names(), ", ")));
       axes.push_back(axis);
       sizes.push_back(size);

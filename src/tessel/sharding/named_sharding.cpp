@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
 
 namespace tessel {
 
@@ -56,10 +57,8 @@ Shape NamedSharding::shard_shape(const Shape& shape) const {
   return Shape(std::move(dims));
 }
 
-Box NamedSharding::device_box(int64_t device_id, const Shape& shape) const {
-  check_rank(shape);
-  std::vector<int64_t> coords = mesh_.coords(device_id);
-  Shape block = shard_shape(shape);
+Box NamedSharding::block_box(const std::vector<int64_t>& coords, const Shape& block,
+                             const Shape& shape) const {
   std::vector<int64_t> lo(shape.rank()), hi(shape.rank());
   for (size_t d = 0; d < shape.rank(); ++d) {
     int64_t b = block_index(coords, d);
@@ -69,10 +68,15 @@ Box NamedSharding::device_box(int64_t device_id, const Shape& shape) const {
   return Box(std::move(lo), std::move(hi));
 }
 
+Box NamedSharding::device_box(int64_t device_id, const Shape& shape) const {
+  return block_box(mesh_.coords(device_id), shard_shape(shape), shape);
+}
+
 std::vector<std::pair<int64_t, Box>> NamedSharding::devices_indices_map(const Shape& shape) const {
+  Shape block = shard_shape(shape);
   std::vector<std::pair<int64_t, Box>> out;
   out.reserve(mesh_.device_ids().size());
-  for (int64_t id : mesh_.device_ids()) out.emplace_back(id, device_box(id, shape));
+  for (int64_t id : mesh_.device_ids()) out.emplace_back(id, block_box(mesh_.coords(id), block, shape));
   return out;
 }
 
@@ -86,7 +90,7 @@ int64_t NamedSharding::replica_id(int64_t device_id) const {
 }
 
 std::vector<ShardPlacement> NamedSharding::distinct_shards(const Shape& shape) const {
-  check_rank(shape);
+  Shape block = shard_shape(shape);
   // Key: the block index along every dimension; map order is row-major block order.
   std::map<std::vector<int64_t>, ShardPlacement> blocks;
   for (int64_t id : mesh_.device_ids()) {
@@ -94,7 +98,7 @@ std::vector<ShardPlacement> NamedSharding::distinct_shards(const Shape& shape) c
     std::vector<int64_t> key(shape.rank());
     for (size_t d = 0; d < shape.rank(); ++d) key[d] = block_index(coords, d);
     auto [it, fresh] = blocks.try_emplace(std::move(key));
-    if (fresh) it->second.box = device_box(id, shape);
+    if (fresh) it->second.box = block_box(coords, block, shape);
     it->second.devices.push_back(id);
   }
   std::vector<ShardPlacement> out;
@@ -115,9 +119,9 @@ void NamedSharding::check_divisible(const Shape& shape, std::string_view what) c
     int64_t k = num_blocks(d);
     if (shape[d] % k != 0)
       throw ValueError(fmt::format(
-          "{}{}dimension {} of shape {} has size {}, not divisible by the {} blocks of mesh axes "
+          "{}dimension {} of shape {} has size {}, not divisible by the {} blocks of mesh axes "
           "({}) in {}",
-          what, what.empty() ? "" : ": ", d, shape.to_string(), shape[d], k,
+          text_util::what_prefix(what), d, shape.to_string(), shape[d], k,
           fmt::join(spec_[d], ", "), mesh_.to_string()));
   }
 }

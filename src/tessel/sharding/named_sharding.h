@@ -64,6 +64,8 @@ class NamedSharding {
 
  private:
   void check_rank(const Shape& shape) const;
+  // The Box of the device at mesh `coords`, given the block shape (shard_shape(shape)).
+  Box block_box(const std::vector<int64_t>& coords, const Shape& block, const Shape& shape) const;
   // Block index of a device (by its mesh coordinates) along dimension `dim`.
   int64_t block_index(const std::vector<int64_t>& coords, size_t dim) const;
 

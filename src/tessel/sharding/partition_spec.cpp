@@ -7,19 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/sharding/detail/spec_json.h"
 #include "tessel/sharding/mesh.h"
 
 namespace tessel {
-namespace {
-
-std::string prefix(std::string_view what) {
-  return what.empty() ? std::string() : fmt::format("{}: ", what);
-}
-
-}  // namespace
-
 PartitionSpec::PartitionSpec(std::vector<DimSharding> dims) : dims_(std::move(dims)) {
   std::vector<std::string_view> seen;
   for (size_t d = 0; d < dims_.size(); ++d) {
@@ -50,13 +43,13 @@ std::vector<std::string> PartitionSpec::used_axes() const {
 void PartitionSpec::validate(const Mesh& mesh, size_t rank, std::string_view what) const {
   if (dims_.size() > rank)
     throw ValueError(fmt::format("{}partition spec {} has {} entries but the array has rank {}",
-                                 prefix(what), to_string(), dims_.size(), rank));
+                                 text_util::what_prefix(what), to_string(), dims_.size(), rank));
   for (size_t d = 0; d < dims_.size(); ++d)
     for (const std::string& axis : dims_[d])
       if (!mesh.has_axis(axis))
         throw ValueError(fmt::format("{}partition spec {} dimension {} uses mesh axis '{}', which "
                                      "{} does not have (axes: {})",
-                                     prefix(what), to_string(), d, axis, mesh.to_string(),
+                                     text_util::what_prefix(what), to_string(), d, axis, mesh.to_string(),
                                      fmt::join(mesh.axis_names(), ", ")));
 }
 
