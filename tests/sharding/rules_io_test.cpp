@@ -94,6 +94,10 @@ TEST(RulesIo, BadYamlStructuresAreNamed) {
               ThrowsMessage<ParseError>(HasSubstr("mesh_axes must be a list")));
   EXPECT_THAT([] { parse_rules_yaml("logical_axis_rules: [[a, [x, x]]]\n", "r.yml"); },
               ThrowsMessage<ValueError>(AllOf(HasSubstr("rule #1 a -> (x, x) [r.yml:1]"), HasSubstr("'x' twice"))));
+  EXPECT_THAT([] { parse_rules_yaml("logical_axis_rules: [[a, x]]\nmesh_axes: [data, '']\n", "r.yml"); },
+              ThrowsMessage<ValueError>(HasSubstr("r.yml: mesh_axes entry 1 is an empty name")));
+  EXPECT_THAT([] { parse_rules_yaml("logical_axis_rules: [[a, x]]\nmesh_axes: [data, data]\n", "r.yml"); },
+              ThrowsMessage<ValueError>(HasSubstr("r.yml: mesh_axes lists 'data' twice")));
   EXPECT_THAT([] { parse_rules_yaml("logical_axis_rules: [['', x]]\n", "r.yml"); },
               ThrowsMessage<ValueError>(HasSubstr("empty logical name")));
 }

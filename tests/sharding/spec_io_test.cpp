@@ -54,7 +54,25 @@ TEST(SpecIo, NamedDumpRoundTrips) {
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[1].entry.spec, entries[1].spec);
   EXPECT_EQ(back[1].entry.shape, entries[1].shape);
-  EXPECT_EQ(Mesh(back[1].mesh), mesh);
+  EXPECT_EQ(back[1].mesh, mesh);
+}
+
+TEST(SpecIo, BadNamedDumpMeshesNameTheEntry) {
+  auto bad = [](const char* mesh) {
+    std::string text = std::string(R"({"w": {"mesh": )") + mesh + R"(, "partition_spec": [], "shape": [4]}})";
+    return [text] { parse_named_dump(text, "n.json"); };
+  };
+  EXPECT_THAT(bad(R"({"axis_names": ["a"], "shape": {"a": 0}})"),
+              ThrowsMessage<ParseError>(HasSubstr("entry 'w': mesh axis 'a' has size 0")));
+  EXPECT_THAT(bad(R"({"axis_names": ["a"], "shape": {"a": -3}})"), ThrowsMessage<ParseError>(HasSubstr("size -3")));
+  EXPECT_THAT(bad(R"({"axis_names": ["a"], "shape": {"a": 18446744073709551615}})"),
+              ThrowsMessage<ParseError>(HasSubstr("no integer size for axis 'a'")));
+  EXPECT_THAT(bad(R"({"axis_names": ["a", "a"], "shape": {"a": 2}})"),
+              ThrowsMessage<ParseError>(HasSubstr("'a' appears twice")));
+  EXPECT_THAT(bad(R"({"axis_names": ["a"], "shape": {"b": 2}})"),
+              ThrowsMessage<ParseError>(HasSubstr("no integer size for axis 'a'")));
+  EXPECT_THAT(bad(R"({"axis_names": "a", "shape": {}})"),
+              ThrowsMessage<ParseError>(HasSubstr("needs an \"axis_names\" array")));
 }
 
 }  // namespace

@@ -64,11 +64,14 @@ LogicalRules::LogicalRules(std::vector<LogicalRule> rules, std::vector<std::stri
     }
     by_name_[rule.logical].push_back(r);
   }
-  for (size_t i = 0; i < mesh_axes_.size(); ++i)
+  for (size_t i = 0; i < mesh_axes_.size(); ++i) {
+    if (mesh_axes_[i].empty())
+      throw ValueError(fmt::format("{}mesh_axes entry {} is an empty name", text_util::what_prefix(source_), i));
     for (size_t j = 0; j < i; ++j)
       if (mesh_axes_[i] == mesh_axes_[j])
-        throw ValueError(fmt::format("{}mesh_axes lists '{}' twice",
-                                     source_.empty() ? "" : source_ + ": ", mesh_axes_[i]));
+        throw ValueError(fmt::format("{}mesh_axes lists '{}' twice", text_util::what_prefix(source_),
+                                     mesh_axes_[i]));
+  }
 }
 
 std::string LogicalRules::rule_label(size_t index) const {

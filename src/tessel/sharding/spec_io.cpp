@@ -1,5 +1,7 @@
 #include "tessel/sharding/spec_io.h"
 
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "tessel/core/error.h"
@@ -97,11 +99,11 @@ std::vector<NamedDumpEntry> parse_named_dump(std::string_view text, std::string 
   std::vector<NamedDumpEntry> out;
   for (const auto& [path, value] : root.items()) {
     if (!value.is_object()) fail(source, path, fmt::format("expected an object, got {}", json_util::kind(value)));
-    NamedDumpEntry e;
-    e.entry.path = path;
-    e.entry.shape = shape_from_json(source, path, member(source, path, value, "shape"));
+    NamedEntry entry;
+    entry.path = path;
+    entry.shape = shape_from_json(source, path, member(source, path, value, "shape"));
     try {
-      e.entry.spec = spec_json::from_json(member(source, path, value, "partition_spec"), "partition_spec");
+      entry.spec = spec_json::from_json(member(source, path, value, "partition_spec"), "partition_spec");
     } catch (const ValueError& err) {
       fail(source, path, err.what());
     }
@@ -110,13 +112,21 @@ std::vector<NamedDumpEntry> parse_named_dump(std::string_view text, std::string 
     const Json& sizes = member(source, path, mesh, "shape");
     if (!names.is_array() || !sizes.is_object())
       fail(source, path, "\"mesh\" needs an \"axis_names\" array and a \"shape\" object");
+    std::vector<MeshAxis> axes;
     for (const Json& n : names) {
       if (!n.is_string()) fail(source, path, "mesh axis names must be strings");
       auto it = sizes.find(n.get<std::string>());
-      if (it == sizes.end() || !it->is_number_integer())
+      if (it == sizes.end() || !it->is_number_integer() || (it->is_number_unsigned() && it->get<uint64_t>() > INT64_MAX))
         fail(source, path, fmt::format("mesh \"shape\" has no integer size for axis '{}'", n.get<std::string>()));
-      e.mesh.push_back({n.get<std::string>(), it->get<int64_t>()});
+      axes.push_back({n.get<std::string>(), it->get<int64_t>()});
     }
+    std::optional<Mesh> parsed;
+    try {
+      parsed.emplace(std::move(axes));
+    } catch (const ValueError& err) {
+      fail(source, path, err.what());
+    }
+    NamedDumpEntry e{std::move(entry), std::move(*parsed)};
     out.push_back(std::move(e));
   }
   return out;

@@ -42,7 +42,7 @@ std::string named_dump_json(const std::vector<NamedEntry>& entries, const Mesh& 
 // Reads a named dump back; each entry's mesh is returned beside it.
 struct NamedDumpEntry {
   NamedEntry entry;
-  std::vector<MeshAxis> mesh;
+  Mesh mesh;
 };
 std::vector<NamedDumpEntry> parse_named_dump(std::string_view text, std::string source = "<json>");
 
