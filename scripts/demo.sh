@@ -20,3 +20,7 @@ echo "== why: every rule tried, per dimension"
 ./build/src/tessel shardings --rules $ex/rules.yml --logical $ex/tiny_lm_logical.json --mesh $mesh --explain
 echo "== how the token embedding is split over the 8 devices"
 ./build/src/tessel shardings --mesh $mesh --spec '["tensor", "fsdp"]' --shape 1024,256 --show
+echo
+echo "== the embedding on 8 virtual devices: FSDP layout -> tensor-parallel layout, bytes moved per device"
+./build/src/tessel reshard --devices 8 --mesh $mesh --shape 1024,256 \
+  --from '[["data", "fsdp"], null]' --to '["tensor", "fsdp"]'

@@ -2,10 +2,24 @@
 // errors propagate as tessel::Error and main() turns them into one line on stderr.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include <CLI/CLI.hpp>
+
+#include "tessel/runtime/runtime.h"
 
 namespace tessel::cli {
 
 void add_shardings_command(CLI::App& app);
+void add_reshard_command(CLI::App& app);
+
+// --devices and --device-memory, for every command that runs work on devices.
+struct RuntimeArgs {
+  std::optional<int64_t> devices;
+  std::optional<int64_t> memory_limit;
+};
+void add_runtime_options(CLI::App* cmd, RuntimeArgs& args);
+Runtime make_runtime(const RuntimeArgs& args);
 
 }  // namespace tessel::cli

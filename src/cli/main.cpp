@@ -20,11 +20,12 @@ std::string one_line(std::string s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tessel: GSPMD-style sharding of model state (meshes, partition specs, logical axis rules)"};
+  CLI::App app{"tessel: GSPMD-style sharding of model state (meshes, partition specs, logical axis rules, sharded arrays)"};
   app.name("tessel");
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessel 0.1.0");
   tessel::cli::add_shardings_command(app);
+  tessel::cli::add_reshard_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_test_util.h"
 #include "test_util.h"
 
 namespace tessel {
@@ -14,29 +15,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-struct Result {
-  int rc;
-  std::string out, err;
-};
-
-Result run(const std::string& args) {
-  testing::TempDir dir;
-  std::string out = (dir.path() / "out").string(), err = (dir.path() / "err").string();
-  std::string cmd = std::string(TESSEL_CLI) + " " + args + " >" + out + " 2>" + err;
-  int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::read_file(out), testing::read_file(err)};
-}
-
 std::string maxtext(const std::string& file) { return testing::testdata("maxtext/" + file).string(); }
-
-// A failure prints exactly one line on stderr, starting with "tessel: error:".
-void expect_one_line_error(const Result& r, int rc, const std::string& needle) {
-  EXPECT_EQ(r.rc, rc) << r.err;
-  EXPECT_THAT(r.err, StartsWith("tessel: error: "));
-  EXPECT_THAT(r.err, HasSubstr(needle));
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_EQ(r.out, "");
-}
 
 TEST(ShardingsCli, ReproducesMaxTextGoldenDumpByteForByte) {
   Result r = run("shardings --rules " + maxtext("base.yml") + " --logical " +

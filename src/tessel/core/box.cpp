@@ -9,18 +9,32 @@
 
 namespace tessel {
 
-Box::Box(std::vector<int64_t> start, std::vector<int64_t> stop)
-    : start_(std::move(start)), stop_(std::move(stop)) {
-  if (start_.size() != stop_.size())
-    throw ValueError(fmt::format("box start has rank {} but stop has rank {}", start_.size(),
-                                 stop_.size()));
-  for (size_t d = 0; d < start_.size(); ++d)
-    if (start_[d] < 0 || start_[d] > stop_[d])
-      throw ValueError(fmt::format("box dimension {} is [{}, {}): need 0 <= start <= stop", d,
-                                   start_[d], stop_[d]));
+Box::Box(size_t rank) : rank_(rank) {
+  if (rank > kInlineRank) heap_.assign(2 * rank, 0);
 }
 
-Box Box::full(const Shape& shape) { return Box(std::vector<int64_t>(shape.rank(), 0), shape.dims()); }
+Box::Box(std::vector<int64_t> start, std::vector<int64_t> stop) : Box(start.size()) {
+  if (start.size() != stop.size())
+    throw ValueError(fmt::format("box start has rank {} but stop has rank {}", start.size(),
+                                 stop.size()));
+  for (size_t d = 0; d < rank_; ++d) {
+    if (start[d] < 0 || start[d] > stop[d])
+      throw ValueError(fmt::format("box dimension {} is [{}, {}): need 0 <= start <= stop", d,
+                                   start[d], stop[d]));
+    data()[d] = start[d];
+    data()[rank_ + d] = stop[d];
+  }
+}
+
+Box Box::full(const Shape& shape) {
+  Box b(shape.rank());
+  for (size_t d = 0; d < shape.rank(); ++d) b.data()[b.rank_ + d] = shape[d];
+  return b;
+}
+
+bool operator==(const Box& a, const Box& b) {
+  return a.rank_ == b.rank_ && std::equal(a.data(), a.data() + 2 * a.rank_, b.data());
+}
 
 Shape Box::shape() const {
   std::vector<int64_t> dims(rank());
@@ -44,18 +58,19 @@ void Box::check_rank(size_t other, const char* what) const {
 
 Box Box::intersect(const Box& other) const {
   check_rank(other.rank(), "box");
-  std::vector<int64_t> lo(rank()), hi(rank());
-  for (size_t d = 0; d < rank(); ++d) {
-    lo[d] = std::max(start_[d], other.start_[d]);
-    hi[d] = std::max(lo[d], std::min(stop_[d], other.stop_[d]));
+  Box out(rank_);
+  int64_t* o = out.data();
+  for (size_t d = 0; d < rank_; ++d) {
+    o[d] = std::max(start(d), other.start(d));
+    o[rank_ + d] = std::max(o[d], std::min(stop(d), other.stop(d)));
   }
-  return Box(std::move(lo), std::move(hi));
+  return out;
 }
 
 bool Box::contains(std::span<const int64_t> point) const {
   check_rank(point.size(), "point");
   for (size_t d = 0; d < rank(); ++d)
-    if (point[d] < start_[d] || point[d] >= stop_[d]) return false;
+    if (point[d] < start(d) || point[d] >= stop(d)) return false;
   return true;
 }
 
@@ -63,7 +78,7 @@ bool Box::contains(const Box& other) const {
   check_rank(other.rank(), "box");
   if (other.empty()) return true;
   for (size_t d = 0; d < rank(); ++d)
-    if (other.start_[d] < start_[d] || other.stop_[d] > stop_[d]) return false;
+    if (other.start(d) < start(d) || other.stop(d) > stop(d)) return false;
   return true;
 }
 
@@ -71,7 +86,7 @@ int64_t Box::offset_of(std::span<const int64_t> point) const {
   if (!contains(point))
     throw ValueError(fmt::format("point [{}] lies outside box {}", fmt::join(point, ", "), to_string()));
   int64_t offset = 0;
-  for (size_t d = 0; d < rank(); ++d) offset = offset * extent(d) + (point[d] - start_[d]);
+  for (size_t d = 0; d < rank(); ++d) offset = offset * extent(d) + (point[d] - start(d));
   return offset;
 }
 
@@ -79,21 +94,21 @@ Box Box::relative_to(const Box& outer) const {
   check_rank(outer.rank(), "box");
   bool inside = true;
   for (size_t d = 0; d < rank(); ++d)
-    inside = inside && outer.start_[d] <= start_[d] && stop_[d] <= outer.stop_[d];
+    inside = inside && outer.start(d) <= start(d) && stop(d) <= outer.stop(d);
   if (!inside)
     throw ValueError(fmt::format("box {} is not inside box {}", to_string(), outer.to_string()));
-  std::vector<int64_t> lo(rank()), hi(rank());
-  for (size_t d = 0; d < rank(); ++d) {
-    lo[d] = start_[d] - outer.start_[d];
-    hi[d] = stop_[d] - outer.start_[d];
+  Box out(rank_);
+  for (size_t d = 0; d < rank_; ++d) {
+    out.data()[d] = start(d) - outer.start(d);
+    out.data()[rank_ + d] = stop(d) - outer.start(d);
   }
-  return Box(std::move(lo), std::move(hi));
+  return out;
 }
 
 std::string Box::to_string() const {
   std::string out = "[";
   for (size_t d = 0; d < rank(); ++d)
-    out += fmt::format("{}{}:{}", d ? ", " : "", start_[d], stop_[d]);
+    out += fmt::format("{}{}:{}", d ? ", " : "", start(d), stop(d));
   return out + "]";
 }
 

@@ -6,6 +6,7 @@
 //   a.offset_of({5, 6}) == 5 * 4 + 2   // row-major offset inside a's own buffer
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -22,12 +23,12 @@ class Box {
   Box(std::vector<int64_t> start, std::vector<int64_t> stop);
   static Box full(const Shape& shape);  // [0, shape[d]) in every dimension
 
-  size_t rank() const { return start_.size(); }
-  int64_t start(size_t dim) const { return start_[dim]; }
-  int64_t stop(size_t dim) const { return stop_[dim]; }
-  int64_t extent(size_t dim) const { return stop_[dim] - start_[dim]; }
-  const std::vector<int64_t>& starts() const { return start_; }
-  const std::vector<int64_t>& stops() const { return stop_; }
+  size_t rank() const { return rank_; }
+  int64_t start(size_t dim) const { return data()[dim]; }
+  int64_t stop(size_t dim) const { return data()[rank_ + dim]; }
+  int64_t extent(size_t dim) const { return stop(dim) - start(dim); }
+  std::span<const int64_t> starts() const { return {data(), rank_}; }
+  std::span<const int64_t> stops() const { return {data() + rank_, rank_}; }
   Shape shape() const;
   int64_t volume() const;  // 1 for a rank-0 box
   bool empty() const { return volume() == 0; }
@@ -42,13 +43,20 @@ class Box {
   Box relative_to(const Box& outer) const;
 
   std::string to_string() const;  // "[0:8, 4:8]"
-  friend bool operator==(const Box&, const Box&) = default;
+  friend bool operator==(const Box& a, const Box& b);
 
  private:
+  // Boxes are made and copied for every shard, transfer and chunk: up to kInlineRank dimensions
+  // live inside the object, so the common case never allocates.
+  static constexpr size_t kInlineRank = 6;
+  explicit Box(size_t rank);  // all zeros, unchecked
+  const int64_t* data() const { return rank_ <= kInlineRank ? inline_.data() : heap_.data(); }
+  int64_t* data() { return rank_ <= kInlineRank ? inline_.data() : heap_.data(); }
   void check_rank(size_t rank, const char* what) const;
 
-  std::vector<int64_t> start_;
-  std::vector<int64_t> stop_;
+  size_t rank_ = 0;
+  std::array<int64_t, 2 * kInlineRank> inline_{};  // starts, then stops
+  std::vector<int64_t> heap_;                      // the same, past kInlineRank dimensions
 };
 
 }  // namespace tessel

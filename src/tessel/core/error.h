@@ -50,4 +50,18 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// A device allocation over the device's memory limit. The message names the device, the request
+// and the largest holders of the device's memory.
+class OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(int64_t device, int64_t requested, const std::string& message)
+      : Error(message), device_(device), requested_(requested) {}
+  int64_t device() const { return device_; }
+  int64_t requested() const { return requested_; }
+
+ private:
+  int64_t device_;
+  int64_t requested_;
+};
+
 }  // namespace tessel

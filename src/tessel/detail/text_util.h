@@ -1,7 +1,8 @@
-// Internal (not installed): small text helpers: comma lists ("16,8", "data=2,fsdp=4") and message
-// prefixes naming the thing an error is about.
+// Internal (not installed): small text helpers: comma lists ("16,8", "data=2,fsdp=4"), message
+// prefixes naming the thing an error is about, byte counts for people.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,5 +31,8 @@ inline std::vector<std::string_view> split_commas(std::string_view s) {
 inline std::string what_prefix(std::string_view what) {
   return what.empty() ? std::string() : std::string(what) + ": ";
 }
+
+// "512 B", "4.00 KiB", "1.50 GiB".
+std::string format_bytes(int64_t bytes);
 
 }  // namespace tessel::text_util

@@ -124,12 +124,18 @@ size_t Mesh::axis_index(std::string_view name) const {
 
 int64_t Mesh::axis_size(std::string_view name) const { return axes_[axis_index(name)].size; }
 
-std::vector<int64_t> Mesh::coords(int64_t device_id) const {
+bool Mesh::contains(int64_t device_id) const { return position_.count(device_id) != 0; }
+
+int64_t Mesh::position(int64_t device_id) const {
   auto it = position_.find(device_id);
   if (it == position_.end())
     throw ValueError(fmt::format("device {} is not in mesh {}", device_id, to_string()));
+  return it->second;
+}
+
+std::vector<int64_t> Mesh::coords(int64_t device_id) const {
   std::vector<int64_t> c(axes_.size());
-  int64_t p = it->second;
+  int64_t p = position(device_id);
   for (size_t i = axes_.size(); i-- > 0;) {
     c[i] = p % axes_[i].size;
     p /= axes_[i].size;

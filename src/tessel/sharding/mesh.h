@@ -45,6 +45,9 @@ class Mesh {
   int64_t device_count() const { return static_cast<int64_t>(devices_.size()); }
   const std::vector<int64_t>& device_ids() const { return devices_; }
 
+  bool contains(int64_t device_id) const;
+  // Index of a device in device_ids() (row-major order); throws ValueError if it is not in the mesh.
+  int64_t position(int64_t device_id) const;
   // Coordinates of a device along every axis; throws ValueError if the device is not in the mesh.
   std::vector<int64_t> coords(int64_t device_id) const;
   int64_t device_at(std::span<const int64_t> coords) const;

@@ -1,0 +1,202 @@
+#include "tessel/runtime/array.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "tessel/core/box_copy.h"
+#include "tessel/core/error.h"
+#include "tessel/runtime/detail/array_builder.h"
+#include "tessel/runtime/worker_pool.h"
+
+namespace tessel {
+
+Array::Array(Runtime runtime, Shape shape, DType dtype, NamedSharding sharding,
+             std::vector<Shard> shards, std::string label) {
+  runtime.check_mesh(sharding.mesh());
+  const Mesh& mesh = sharding.mesh();
+  if (shards.size() != mesh.device_ids().size())
+    throw ValueError(fmt::format("{} has {} devices but {} shards were given", mesh.to_string(),
+                                 mesh.device_count(), shards.size()));
+  auto boxes = sharding.devices_indices_map(shape);
+  const auto item = static_cast<int64_t>(item_size(dtype));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const Shard& s = shards[i];
+    const auto& [device, box] = boxes[i];
+    if (s.device != device)
+      throw ValueError(fmt::format("shard {} is for device {}, expected device {} (mesh order)", i,
+                                   s.device, device));
+    if (!(s.box == box))
+      throw ValueError(fmt::format("shard of device {} has box {}, but the sharding gives {}",
+                                   device, s.box.to_string(), box.to_string()));
+    if (s.replica_id != sharding.replica_id(device))
+      throw ValueError(fmt::format("shard of device {} has replica id {}, expected {}", device,
+                                   s.replica_id, sharding.replica_id(device)));
+    if (!s.buffer.valid()) {
+      if (runtime.is_addressable(device))
+        throw ValueError(fmt::format("shard of device {} has no buffer, but the device belongs "
+                                     "to this process", device));
+      continue;
+    }
+    if (s.buffer.device() != device)
+      throw ValueError(fmt::format("shard of device {} has a buffer on device {}", device,
+                                   s.buffer.device()));
+    if (s.buffer.size() != box.volume() * item)
+      throw ValueError(fmt::format("shard of device {} has {} bytes, but box {} of {} needs {}",
+                                   device, s.buffer.size(), box.to_string(), name(dtype),
+                                   box.volume() * item));
+  }
+  s_ = std::make_shared<const State>(State{std::move(runtime), std::move(shape), dtype,
+                                           std::move(sharding), std::move(shards), std::move(label)});
+}
+
+std::string Array::display_name() const { return label().empty() ? type_string() : label(); }
+
+const Shard& Array::shard(int64_t device) const {
+  if (!mesh().contains(device))
+    throw ValueError(fmt::format("device {} holds no shard of {}: it is not in {}", device,
+                                 display_name(), mesh().to_string()));
+  return s_->shards[static_cast<size_t>(mesh().position(device))];
+}
+
+std::vector<const Shard*> Array::addressable_shards() const {
+  std::vector<const Shard*> out;
+  for (const Shard& s : s_->shards)
+    if (s.is_addressable()) out.push_back(&s);
+  return out;
+}
+
+bool Array::is_fully_addressable() const {
+  return std::all_of(s_->shards.begin(), s_->shards.end(),
+                     [](const Shard& s) { return s.is_addressable(); });
+}
+
+int64_t Array::nbytes() const {
+  return shape().num_elements() * static_cast<int64_t>(item_size(dtype()));
+}
+
+namespace detail {
+
+ArrayBuilder::ArrayBuilder(Runtime rt, Shape shape, DType dtype, NamedSharding sharding,
+                           std::string label)
+    : rt_(std::move(rt)), shape_(std::move(shape)), dtype_(dtype), sharding_(std::move(sharding)),
+      label_(std::move(label)) {
+  rt_.check_mesh(sharding_.mesh());
+  for (auto& [device, box] : sharding_.devices_indices_map(shape_)) {
+    shards_.push_back(Shard{device, std::move(box), sharding_.replica_id(device), Buffer()});
+    addressable_.push_back(rt_.is_addressable(device));
+  }
+  allocations_.resize(shards_.size());
+}
+
+void ArrayBuilder::allocate_all() {
+  const auto item = static_cast<int64_t>(item_size(dtype_));
+  const std::string& charge = label_.empty() ? type_string(dtype_, shape_) : label_;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (!addressable_[i] || shards_[i].buffer.valid() || allocations_[i]) continue;
+    allocations_[i] = std::make_shared<Allocation>(rt_.shared_device(shards_[i].device),
+                                                   shards_[i].box.volume() * item, charge);
+  }
+}
+
+void ArrayBuilder::alias(size_t i, const Buffer& buffer) {
+  allocations_[i].reset();
+  shards_[i].buffer = buffer;
+}
+
+Array ArrayBuilder::finish() && {
+  for (size_t i = 0; i < shards_.size(); ++i)
+    if (allocations_[i]) shards_[i].buffer = Buffer(std::move(allocations_[i]));
+  return Array(std::move(rt_), std::move(shape_), dtype_, std::move(sharding_), std::move(shards_),
+               std::move(label_));
+}
+
+}  // namespace detail
+
+namespace {
+
+std::span<std::byte> span_of(std::byte* data, const Box& box, DType dtype) {
+  return {data, static_cast<size_t>(box.volume()) * item_size(dtype)};
+}
+
+}  // namespace
+
+Array device_put(const Runtime& rt, const HostArray& host, const NamedSharding& sharding,
+                 std::string label) {
+  const Box whole = Box::full(host.shape());
+  const size_t item = item_size(host.dtype());
+  return make_array_from_callback(
+      rt, host.shape(), host.dtype(), sharding,
+      [&](const Box& box, std::span<std::byte> out) {
+        copy_region(host.bytes().data(), whole, out.data(), box, box, item);
+      },
+      std::move(label));
+}
+
+Array make_array_from_callback(const Runtime& rt, const Shape& shape, DType dtype,
+                               const NamedSharding& sharding, const BoxFiller& fill,
+                               std::string label) {
+  detail::ArrayBuilder b(rt, shape, dtype, sharding, std::move(label));
+  b.allocate_all();
+  // The first addressable holder of each block gets filled; the other local replicas copy it.
+  std::vector<size_t> first(b.size(), b.size());
+  std::vector<size_t> fills;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!b.addressable(i)) continue;
+    for (size_t j = 0; j < i && first[i] == b.size(); ++j)
+      if (b.addressable(j) && first[j] == j && b.shard(j).box == b.shard(i).box) first[i] = j;
+    if (first[i] == b.size()) {
+      first[i] = i;
+      fills.push_back(i);
+    }
+  }
+  rt.pool().parallel_for(static_cast<int64_t>(fills.size()), [&](int64_t k) {
+    size_t i = fills[static_cast<size_t>(k)];
+    if (!b.shard(i).box.empty()) fill(b.shard(i).box, span_of(b.data(i), b.shard(i).box, dtype));
+  });
+  rt.pool().parallel_for(static_cast<int64_t>(b.size()), [&](int64_t k) {
+    auto i = static_cast<size_t>(k);
+    if (b.addressable(i) && first[i] != i && !b.shard(i).box.empty())
+      std::memcpy(b.data(i), b.data(first[i]), span_of(b.data(i), b.shard(i).box, dtype).size());
+  });
+  return std::move(b).finish();
+}
+
+Array make_array_from_device_callback(const Runtime& rt, const Shape& shape, DType dtype,
+                                      const NamedSharding& sharding, const DeviceBoxFiller& fill,
+                                      std::string label) {
+  detail::ArrayBuilder b(rt, shape, dtype, sharding, std::move(label));
+  b.allocate_all();
+  rt.pool().parallel_for(static_cast<int64_t>(b.size()), [&](int64_t k) {
+    auto i = static_cast<size_t>(k);
+    const Shard& s = b.shard(i);
+    if (b.addressable(i) && !s.box.empty()) fill(s.device, s.box, span_of(b.data(i), s.box, dtype));
+  });
+  return std::move(b).finish();
+}
+
+HostArray to_host(const Array& array) {
+  HostArray host(array.shape(), array.dtype());
+  const Box whole = Box::full(array.shape());
+  const size_t item = item_size(array.dtype());
+  std::vector<const Shard*> sources;
+  for (const ShardPlacement& block : array.sharding().distinct_shards(array.shape())) {
+    const Shard* src = nullptr;
+    for (int64_t d : block.devices)
+      if (!src && array.shard(d).is_addressable()) src = &array.shard(d);
+    if (!src)
+      throw ValueError(fmt::format("to_host({}): block {} is held only by devices of other "
+                                   "processes; gather it first", array.display_name(),
+                                   block.box.to_string()));
+    sources.push_back(src);
+  }
+  std::byte* out = host.mutable_bytes().data();
+  array.runtime().pool().parallel_for(static_cast<int64_t>(sources.size()), [&](int64_t k) {
+    const Shard& s = *sources[static_cast<size_t>(k)];
+    copy_region(s.buffer.data(), s.box, out, whole, s.box, item);
+  });
+  return host;
+}
+
+}  // namespace tessel

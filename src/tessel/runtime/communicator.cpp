@@ -1,0 +1,133 @@
+#include "tessel/runtime/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "tessel/core/box_copy.h"
+#include "tessel/core/error.h"
+#include "tessel/runtime/detail/kernels.h"
+#include "tessel/runtime/device.h"
+#include "tessel/runtime/worker_pool.h"
+
+namespace tessel {
+namespace {
+
+// Below this many bytes in one call the pool's wake-up costs more than it saves.
+constexpr int64_t kInlineBytes = int64_t{256} << 10;
+// Work units: pieces of about this size keep both threads busy to the end.
+constexpr int64_t kPieceBytes = int64_t{2} << 20;
+
+struct Piece {
+  size_t task;
+  Box region;
+};
+
+// Runs run(task, region) over every task: small calls inline as they are, large ones cut into
+// pieces (about kPieceBytes each) spread over the pool.
+template <class Task, class Run>
+void run_tasks(WorkerPool& pool, std::span<const Task> tasks, size_t item, const Run& run) {
+  int64_t total = 0;
+  for (const Task& t : tasks) total += t.region.volume() * static_cast<int64_t>(item);
+  if (total < kInlineBytes) {
+    for (const Task& t : tasks) run(t, t.region);
+    return;
+  }
+  std::vector<Piece> pieces;
+  const int64_t max_elements = std::max<int64_t>(1, kPieceBytes / static_cast<int64_t>(item));
+  for (size_t t = 0; t < tasks.size(); ++t)
+    if (!tasks[t].region.empty())
+      for (Box& b : split_box(tasks[t].region, max_elements)) pieces.push_back({t, std::move(b)});
+  pool.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Piece& p = pieces[static_cast<size_t>(i)];
+    run(tasks[p.task], p.region);
+  });
+}
+
+void check_boxes(const Box& region, const Box& src_box, const Box& dst_box, const char* kind) {
+  if (!src_box.contains(region) || !dst_box.contains(region))
+    throw ValueError(fmt::format("{} task: region {} is not inside both the source box {} and the "
+                                 "destination box {}",
+                                 kind, region.to_string(), src_box.to_string(), dst_box.to_string()));
+}
+
+}  // namespace
+
+std::string_view name(Reduction op) {
+  switch (op) {
+    case Reduction::kSum: return "sum";
+    case Reduction::kMax: return "max";
+    case Reduction::kMin: return "min";
+    case Reduction::kMean: return "mean";
+  }
+  return "?";
+}
+
+InProcessCommunicator::InProcessCommunicator(WorkerPool& pool, std::span<Device* const> devices)
+    : pool_(pool), devices_(devices.begin(), devices.end()) {}
+
+void InProcessCommunicator::copy(std::span<const CopyTask> tasks, DType dtype) {
+  const size_t item = item_size(dtype);
+  for (const CopyTask& t : tasks) {
+    if (t.region.empty()) continue;
+    check_boxes(t.region, t.src_box, t.dst_box, "copy");
+    if (!t.src || !t.dst)
+      throw ValueError(fmt::format("copy task from device {} to device {}: a buffer is not "
+                                   "addressable in this process", t.src_device, t.dst_device));
+    if (t.src_device != t.dst_device)
+      devices_.at(static_cast<size_t>(t.dst_device))
+          ->add_received(t.region.volume() * static_cast<int64_t>(item));
+  }
+  const auto isize = static_cast<int64_t>(item);
+  auto run = [&](const CopyTask& t, const Box& region) {
+    for_each_run(region, t.src_box, t.dst_box, [&](int64_t s, int64_t d, int64_t n) {
+      std::memcpy(t.dst + d * isize, t.src + s * isize, static_cast<size_t>(n * isize));
+    });
+  };
+  run_tasks(pool_, tasks, item, run);
+}
+
+void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtype, Reduction op) {
+  detail::check_reduction(dtype, op);
+  const size_t item = item_size(dtype);
+  for (const ReduceTask& t : tasks) {
+    if (t.region.empty()) continue;
+    check_boxes(t.region, t.in_box, t.out_box, "reduce");
+    if (t.inputs.empty() || t.outputs.empty()) throw ValueError("reduce task without inputs or outputs");
+    const int64_t bytes = t.region.volume() * static_cast<int64_t>(item);
+    const int64_t owner = t.outputs.front().first;
+    for (const auto& [device, data] : t.inputs) {
+      if (!data)
+        throw ValueError(fmt::format("reduce task: the buffer of device {} is not addressable "
+                                     "in this process", device));
+      if (device != owner) devices_.at(static_cast<size_t>(owner))->add_received(bytes);
+    }
+    for (const auto& [device, data] : t.outputs) {
+      if (!data)
+        throw ValueError(fmt::format("reduce task into device {}: the buffer is not addressable "
+                                     "in this process", device));
+      if (device != owner) devices_.at(static_cast<size_t>(device))->add_received(bytes);
+    }
+  }
+  const auto isize = static_cast<int64_t>(item);
+  // Results go out in slices small enough to still be in cache when copied to the other outputs.
+  constexpr int64_t kSlice = 4096;
+  auto run = [&](const ReduceTask& t, const Box& region) {
+    std::vector<const std::byte*> in(t.inputs.size());
+    std::byte* first = t.outputs.front().second;
+    for_each_run(region, t.in_box, t.out_box, [&](int64_t s, int64_t d, int64_t n) {
+      for (int64_t base = 0; base < n; base += kSlice) {
+        const int64_t m = std::min(kSlice, n - base);
+        for (size_t k = 0; k < in.size(); ++k) in[k] = t.inputs[k].second + (s + base) * isize;
+        std::byte* out = first + (d + base) * isize;
+        detail::reduce_run(dtype, op, in.data(), in.size(), out, m);
+        for (size_t k = 1; k < t.outputs.size(); ++k)
+          std::memcpy(t.outputs[k].second + (d + base) * isize, out, static_cast<size_t>(m * isize));
+      }
+    });
+  };
+  run_tasks(pool_, tasks, item, run);
+}
+
+}  // namespace tessel

@@ -1,0 +1,205 @@
+#include "tessel/runtime/detail/kernels.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "tessel/core/error.h"
+#include "tessel/core/half.h"
+
+namespace tessel::detail {
+namespace {
+
+// Per dtype: the stored type S, the type arithmetic runs in (Acc), and the conversions.
+template <class S, class A = S>
+struct Plain {
+  using Storage = S;
+  using Acc = A;
+  static Acc load(S v) { return static_cast<Acc>(v); }
+  static S store(Acc a) { return static_cast<S>(a); }
+};
+struct Bool : Plain<uint8_t> {
+  static uint8_t store(uint8_t a) { return a != 0; }
+};
+struct F16 {
+  using Storage = uint16_t;
+  using Acc = float;
+  static float load(uint16_t v) { return f16_to_f32(v); }
+  static uint16_t store(float a) { return f32_to_f16(a); }
+};
+struct BF16 {
+  using Storage = uint16_t;
+  using Acc = float;
+  static float load(uint16_t v) { return bf16_to_f32(v); }
+  static uint16_t store(float a) { return f32_to_bf16(a); }
+};
+
+template <class Fn>
+void dispatch(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kBool: return fn(Bool{});
+    case DType::kU8: return fn(Plain<uint8_t>{});
+    case DType::kI8: return fn(Plain<int8_t>{});
+    case DType::kI32: return fn(Plain<int32_t>{});
+    case DType::kI64: return fn(Plain<int64_t>{});
+    case DType::kF16: return fn(F16{});
+    case DType::kBF16: return fn(BF16{});
+    case DType::kF32: return fn(Plain<float>{});
+    case DType::kF64: return fn(Plain<double>{});
+  }
+  throw ValueError(fmt::format("unknown dtype code {}", static_cast<int>(dtype)));
+}
+
+template <class A>
+A add(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;  // integer sums wrap, as XLA's do
+    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+// NaN wins, as jnp.maximum / jnp.minimum.
+template <class A>
+A max(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (std::isnan(a)) return a;
+    if (std::isnan(b)) return b;
+  }
+  return a < b ? b : a;
+}
+template <class A>
+A min(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (std::isnan(a)) return a;
+    if (std::isnan(b)) return b;
+  }
+  return b < a ? b : a;
+}
+
+// f64 -> f32 rounding to odd: a following round-to-nearest-even to 16 bits is then the correctly
+// rounded f64 -> f16/bf16 (no double rounding), since f32 keeps more than 2 extra bits.
+float to_f32_odd(double d) {
+  float f = static_cast<float>(d);
+  if (std::isnan(d) || static_cast<double>(f) == d) return f;
+  auto bits = std::bit_cast<uint32_t>(f);
+  if (bits & 1u) return f;
+  bits = std::fabs(static_cast<double>(f)) > std::fabs(d) ? bits - 1 : bits + 1;
+  return std::bit_cast<float>(bits);
+}
+
+bool integer_like(DType t) { return !is_floating(t); }
+
+template <class To>
+To from_double(double d) {
+  if constexpr (std::is_same_v<To, double>) {
+    return d;
+  } else if constexpr (std::is_same_v<To, float>) {
+    return static_cast<float>(d);
+  } else {
+    if (std::isnan(d)) return 0;
+    if (d <= static_cast<double>(std::numeric_limits<To>::lowest())) return std::numeric_limits<To>::lowest();
+    if (d >= static_cast<double>(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+    return static_cast<To>(d);
+  }
+}
+
+// Store a double into dtype `to` at dst[i].
+void store(DType to, double d, std::byte* dst, int64_t i) {
+  auto put = [&](auto v) { std::memcpy(dst + i * static_cast<int64_t>(sizeof(v)), &v, sizeof(v)); };
+  switch (to) {
+    case DType::kBool: return put(static_cast<uint8_t>(d != 0));
+    case DType::kU8: return put(from_double<uint8_t>(d));
+    case DType::kI8: return put(from_double<int8_t>(d));
+    case DType::kI32: return put(from_double<int32_t>(d));
+    case DType::kI64: return put(from_double<int64_t>(d));
+    case DType::kF16: return put(f32_to_f16(to_f32_odd(d)));
+    case DType::kBF16: return put(f32_to_bf16(to_f32_odd(d)));
+    case DType::kF32: return put(static_cast<float>(d));
+    case DType::kF64: return put(d);
+  }
+}
+
+}  // namespace
+
+void check_reduction(DType dtype, Reduction op) {
+  if (dtype == DType::kBool && (op == Reduction::kSum || op == Reduction::kMean))
+    throw ValueError(fmt::format("{} of bool is not defined: use max (or) or min (and)", name(op)));
+  if (op == Reduction::kMean && !is_floating(dtype))
+    throw ValueError(fmt::format("mean of {} is not defined: cast to a float type first", name(dtype)));
+}
+
+void reduce_run(DType dtype, Reduction op, const std::byte* const* inputs, size_t num_inputs,
+                std::byte* dst, int64_t count) {
+  dispatch(dtype, [&](auto traits) {
+    using T = decltype(traits);
+    using S = typename T::Storage;
+    using A = typename T::Acc;
+    constexpr int64_t kChunk = 512;
+    A acc[kChunk];
+    for (int64_t base = 0; base < count; base += kChunk) {
+      const int64_t m = std::min(kChunk, count - base);
+      const S* in0 = reinterpret_cast<const S*>(inputs[0]) + base;
+      for (int64_t i = 0; i < m; ++i) acc[i] = T::load(in0[i]);
+      for (size_t k = 1; k < num_inputs; ++k) {
+        const S* in = reinterpret_cast<const S*>(inputs[k]) + base;
+        switch (op) {
+          case Reduction::kSum:
+          case Reduction::kMean:
+            for (int64_t i = 0; i < m; ++i) acc[i] = add<A>(acc[i], T::load(in[i]));
+            break;
+          case Reduction::kMax:
+            for (int64_t i = 0; i < m; ++i) acc[i] = max<A>(acc[i], T::load(in[i]));
+            break;
+          case Reduction::kMin:
+            for (int64_t i = 0; i < m; ++i) acc[i] = min<A>(acc[i], T::load(in[i]));
+            break;
+        }
+      }
+      if constexpr (std::is_floating_point_v<A>)
+        if (op == Reduction::kMean)
+          for (int64_t i = 0; i < m; ++i) acc[i] /= static_cast<A>(num_inputs);
+      S* out = reinterpret_cast<S*>(dst) + base;
+      for (int64_t i = 0; i < m; ++i) out[i] = T::store(acc[i]);
+    }
+  });
+}
+
+void convert_run(DType from, const std::byte* src, DType to, std::byte* dst, int64_t count) {
+  if (count <= 0) return;
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(count) * item_size(from));
+    return;
+  }
+  dispatch(from, [&](auto traits) {
+    using T = decltype(traits);
+    using S = typename T::Storage;
+    const S* in = reinterpret_cast<const S*>(src);
+    if (integer_like(from) && integer_like(to)) {
+      for (int64_t i = 0; i < count; ++i) {
+        auto v = static_cast<int64_t>(in[i]);
+        switch (to) {
+          case DType::kBool: dst[i] = std::byte{v != 0}; break;
+          case DType::kU8: dst[i] = static_cast<std::byte>(static_cast<uint8_t>(v)); break;
+          case DType::kI8: dst[i] = static_cast<std::byte>(static_cast<uint8_t>(v)); break;
+          case DType::kI32: reinterpret_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v); break;
+          default: reinterpret_cast<int64_t*>(dst)[i] = v; break;
+        }
+      }
+      return;
+    }
+    if (to == DType::kBF16 && from == DType::kF32) {  // the hot pair: no detour through double
+      auto* out = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < count; ++i) out[i] = f32_to_bf16(static_cast<float>(T::load(in[i])));
+      return;
+    }
+    for (int64_t i = 0; i < count; ++i) store(to, static_cast<double>(T::load(in[i])), dst, i);
+  });
+}
+
+}  // namespace tessel::detail

@@ -1,0 +1,156 @@
+#include "tessel/runtime/device.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
+
+namespace tessel {
+namespace {
+
+// Blocks this large are kept after free: faulting fresh pages in costs more than the copy into
+// them, so a steady training step or repeated reshard reuses the same memory (XLA's allocator
+// does the same). Small blocks go straight back to malloc, which is fast for them.
+constexpr int64_t kCacheMin = int64_t{1} << 20;
+constexpr int64_t kAlign = 64;
+
+int64_t rounded(int64_t bytes) {
+  int64_t unit = bytes >= kCacheMin ? 4096 : kAlign;
+  return (bytes + unit - 1) / unit * unit;
+}
+
+}  // namespace
+
+Device::Device(int64_t id, int process_index, std::optional<int64_t> memory_limit)
+    : id_(id), process_index_(process_index) {
+  set_memory_limit(memory_limit);
+}
+
+Device::~Device() { trim_cache(0); }
+
+MemoryStats Device::memory_stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+std::vector<MemoryHolder> Device::memory_holders() const {
+  std::vector<MemoryHolder> out;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [label, h] : holders_) out.push_back(h);
+  }
+  std::sort(out.begin(), out.end(), [](const MemoryHolder& a, const MemoryHolder& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.label < b.label;
+  });
+  return out;
+}
+
+void Device::set_memory_limit(std::optional<int64_t> bytes) {
+  if (bytes && *bytes < 0)
+    throw ValueError(fmt::format("device {}: memory limit must not be negative, got {}", id_, *bytes));
+  std::lock_guard lock(mu_);
+  stats_.limit = bytes;
+}
+
+void Device::reset_peak() {
+  std::lock_guard lock(mu_);
+  stats_.peak = stats_.in_use;
+}
+
+void Device::release_cached_memory() {
+  std::lock_guard lock(mu_);
+  trim_cache(0);
+}
+
+void Device::trim_cache(int64_t keep) {
+  while (stats_.cached > keep && !cache_.empty()) {
+    auto it = std::prev(cache_.end());  // largest first
+    stats_.cached -= it->first;
+    std::free(it->second);
+    cache_.erase(it);
+  }
+}
+
+std::string Device::out_of_memory_message(int64_t bytes, const std::string& label) const {
+  std::string holders;
+  std::vector<MemoryHolder> list;
+  for (const auto& [l, h] : holders_) list.push_back(h);
+  std::sort(list.begin(), list.end(),
+            [](const MemoryHolder& a, const MemoryHolder& b) { return a.bytes > b.bytes; });
+  for (size_t i = 0; i < list.size() && i < 5; ++i)
+    holders += fmt::format("{}{} {} in {} buffer{}", i ? ", " : "", list[i].label,
+                           text_util::format_bytes(list[i].bytes), list[i].buffers,
+                           list[i].buffers == 1 ? "" : "s");
+  if (list.size() > 5) holders += fmt::format(", and {} more", list.size() - 5);
+  return fmt::format(
+      "device {}: out of memory: cannot allocate {} for {} (limit {}, in use {}{}{})", id_,
+      text_util::format_bytes(bytes), label, text_util::format_bytes(*stats_.limit), text_util::format_bytes(stats_.in_use),
+      holders.empty() ? "" : " by ", holders);
+}
+
+std::byte* Device::allocate(int64_t bytes, const std::string& label) {
+  if (bytes < 0) throw ValueError(fmt::format("device {}: negative allocation size {}", id_, bytes));
+  if (bytes == 0) return nullptr;
+  std::byte* data = nullptr;
+  const int64_t size = rounded(bytes);
+  {
+    std::lock_guard lock(mu_);
+    if (stats_.limit) {
+      if (stats_.in_use + stats_.cached + bytes > *stats_.limit) trim_cache(0);
+      if (stats_.in_use + bytes > *stats_.limit)
+        throw OutOfMemoryError(id_, bytes, out_of_memory_message(bytes, label));
+    }
+    if (auto it = cache_.find(size); it != cache_.end()) {
+      data = it->second;
+      stats_.cached -= size;
+      cache_.erase(it);
+    }
+    stats_.in_use += bytes;
+    stats_.peak = std::max(stats_.peak, stats_.in_use);
+    stats_.buffers += 1;
+    MemoryHolder& h = holders_[label];
+    h.label = label;
+    h.bytes += bytes;
+    h.buffers += 1;
+  }
+  if (!data) data = static_cast<std::byte*>(std::aligned_alloc(kAlign, static_cast<size_t>(size)));
+  if (!data) {
+    deallocate(nullptr, bytes, label);
+    throw OutOfMemoryError(id_, bytes, fmt::format("device {}: the host has no memory left for {} "
+                                                   "for {}", id_, text_util::format_bytes(bytes), label));
+  }
+  return data;
+}
+
+void Device::deallocate(std::byte* data, int64_t bytes, const std::string& label) noexcept {
+  if (bytes == 0) return;
+  const int64_t size = rounded(bytes);
+  std::lock_guard lock(mu_);
+  stats_.in_use -= bytes;
+  stats_.buffers -= 1;
+  auto it = holders_.find(label);
+  if (it != holders_.end() && (it->second.bytes -= bytes, --it->second.buffers == 0))
+    holders_.erase(it);
+  if (!data) return;
+  // Keep at most as much cached as the device has ever needed at once (reserved <= 2 x peak).
+  bool fits = !stats_.limit || stats_.in_use + stats_.cached + size <= *stats_.limit;
+  if (size >= kCacheMin && fits && stats_.cached + size <= stats_.peak) {
+    try {
+      cache_.emplace(size, data);
+      stats_.cached += size;
+      return;
+    } catch (...) {
+    }
+  }
+  std::free(data);
+}
+
+void Device::add_received(int64_t bytes) {
+  std::lock_guard lock(mu_);
+  stats_.bytes_received += bytes;
+}
+
+}  // namespace tessel

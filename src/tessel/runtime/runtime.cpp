@@ -1,0 +1,102 @@
+#include "tessel/runtime/runtime.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessel/core/error.h"
+#include "tessel/runtime/communicator.h"
+#include "tessel/runtime/device.h"
+#include "tessel/runtime/worker_pool.h"
+
+namespace tessel {
+namespace {
+constexpr int64_t kMaxDevices = 4096;
+}
+
+struct Runtime::Impl {
+  // Devices are shared with their buffers' allocations, which may outlive the Runtime handle.
+  std::vector<std::shared_ptr<Device>> devices;
+  std::vector<Device*> device_ptrs;
+  WorkerPool pool;
+  std::unique_ptr<Communicator> communicator;
+
+  explicit Impl(int threads) : pool(threads) {}
+};
+
+int64_t Runtime::default_device_count() {
+  const char* env = std::getenv("TESSEL_DEVICES");
+  if (!env) return 8;
+  std::string_view text(env);
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || n < 1 || n > kMaxDevices)
+    throw ValueError(fmt::format("TESSEL_DEVICES must be a device count from 1 to {}, got '{}'",
+                                 kMaxDevices, text));
+  return n;
+}
+
+Runtime Runtime::host(RuntimeOptions options) {
+  int64_t n = options.devices == 0 ? default_device_count() : options.devices;
+  if (n < 1 || n > kMaxDevices)
+    throw ValueError(fmt::format("a host runtime has 1 to {} devices, got {}", kMaxDevices, n));
+  if (options.memory_limit && *options.memory_limit < 0)
+    throw ValueError(fmt::format("memory limit must not be negative, got {}", *options.memory_limit));
+  if (options.threads < 0)
+    throw ValueError(fmt::format("worker thread count must not be negative, got {}", options.threads));
+  auto impl = std::make_shared<Impl>(options.threads);
+  for (int64_t id = 0; id < n; ++id) {
+    impl->devices.push_back(std::make_shared<Device>(id, 0, options.memory_limit));
+    impl->device_ptrs.push_back(impl->devices.back().get());
+  }
+  impl->communicator = std::make_unique<InProcessCommunicator>(impl->pool, impl->device_ptrs);
+  return Runtime(std::move(impl));
+}
+
+Runtime Runtime::host(int64_t devices) {
+  if (devices < 1 || devices > kMaxDevices)
+    throw ValueError(fmt::format("a host runtime has 1 to {} devices, got {}", kMaxDevices, devices));
+  RuntimeOptions options;
+  options.devices = devices;
+  return host(options);
+}
+
+int64_t Runtime::device_count() const { return static_cast<int64_t>(impl_->devices.size()); }
+
+Device& Runtime::device(int64_t id) const {
+  if (id < 0 || id >= device_count())
+    throw ValueError(fmt::format("device {} does not exist: the runtime has devices 0 to {}", id,
+                                 device_count() - 1));
+  return *impl_->devices[static_cast<size_t>(id)];
+}
+
+std::shared_ptr<Device> Runtime::shared_device(int64_t id) const {
+  device(id);
+  return impl_->devices[static_cast<size_t>(id)];
+}
+
+int Runtime::process_index() const { return 0; }
+int Runtime::process_count() const { return 1; }
+
+bool Runtime::is_addressable(int64_t id) const {
+  return device(id).process_index() == process_index();
+}
+
+WorkerPool& Runtime::pool() const { return impl_->pool; }
+Communicator& Runtime::communicator() const { return *impl_->communicator; }
+
+void Runtime::check_mesh(const Mesh& mesh) const {
+  for (int64_t id : mesh.device_ids())
+    if (id < 0 || id >= device_count())
+      throw ValueError(fmt::format("{} uses device {}, but the runtime has devices 0 to {}",
+                                   mesh.to_string(), id, device_count() - 1));
+}
+
+void Runtime::release_cached_memory() const {
+  for (auto& d : impl_->devices) d->release_cached_memory();
+}
+
+}  // namespace tessel

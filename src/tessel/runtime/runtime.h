@@ -1,0 +1,60 @@
+// The Runtime owns the devices, the worker pool and the communicator. It is the only state an
+// operation touches and is passed explicitly (a cheap shared handle; Arrays keep theirs alive).
+//
+//   auto rt = tessel::Runtime::host(8);                  // 8 virtual CPU devices
+//   auto mesh = tessel::Mesh::parse("data=2,fsdp=4");     // devices 0..7 of rt
+//   auto x = tessel::device_put(rt, host, tessel::NamedSharding(mesh, {{"fsdp"}}));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tessel/sharding/mesh.h"
+
+namespace tessel {
+
+class Communicator;
+class Device;
+class WorkerPool;
+
+struct RuntimeOptions {
+  int64_t devices = 0;                  // 0: $TESSEL_DEVICES, else 8
+  std::optional<int64_t> memory_limit;  // bytes per device; none by default
+  int threads = 0;                      // worker threads; 0: the machine's cores
+};
+
+class Runtime {
+ public:
+  // Virtual CPU devices in this process. Throws ValueError on a device count below 1 or above
+  // 4096, a negative memory limit, or a malformed $TESSEL_DEVICES.
+  static Runtime host(RuntimeOptions options = {});
+  static Runtime host(int64_t devices);
+  // $TESSEL_DEVICES if set (a positive integer), else 8.
+  static int64_t default_device_count();
+
+  int64_t device_count() const;
+  Device& device(int64_t id) const;  // throws ValueError naming the valid range
+  // The same device as a shared owner, for allocations that may outlive this handle.
+  std::shared_ptr<Device> shared_device(int64_t id) const;
+  int process_index() const;         // 0 in a host runtime
+  int process_count() const;         // 1 in a host runtime
+  bool is_addressable(int64_t device) const;  // owned by this process
+  WorkerPool& pool() const;
+  Communicator& communicator() const;
+
+  // Throws ValueError if the mesh names a device this runtime does not have.
+  void check_mesh(const Mesh& mesh) const;
+  // Drops every device's cache of freed blocks.
+  void release_cached_memory() const;
+
+  friend bool operator==(const Runtime& a, const Runtime& b) { return a.impl_ == b.impl_; }
+
+ private:
+  struct Impl;
+  explicit Runtime(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,197 @@
+#include "tessel/runtime/runtime.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "runtime/runtime_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/runtime/device.h"
+#include "tessel/runtime/inspect.h"
+#include "tessel/runtime/worker_pool.h"
+
+namespace tessel {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+// Sets an environment variable for one test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_.empty()) unsetenv(name_);
+    else setenv(name_, old_.c_str(), 1);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+};
+
+TEST(Runtime, HostHasTheRequestedDevices) {
+  auto rt = Runtime::host(4);
+  EXPECT_EQ(rt.device_count(), 4);
+  EXPECT_EQ(rt.device(3).id(), 3);
+  EXPECT_EQ(rt.process_count(), 1);
+  EXPECT_TRUE(rt.is_addressable(2));
+  EXPECT_THAT([&] { rt.device(4); }, ThrowsMessage<ValueError>(HasSubstr("devices 0 to 3")));
+  EXPECT_THAT([] { Runtime::host(0); }, ThrowsMessage<ValueError>(HasSubstr("1 to 4096 devices, got 0")));
+}
+
+TEST(Runtime, DeviceCountComesFromTheEnvironmentOrDefaultsToEight) {
+  {
+    ScopedEnv env("TESSEL_DEVICES", nullptr);
+    EXPECT_EQ(Runtime::host().device_count(), 8);
+  }
+  {
+    ScopedEnv env("TESSEL_DEVICES", "3");
+    EXPECT_EQ(Runtime::host().device_count(), 3);
+    EXPECT_EQ(Runtime::host(5).device_count(), 5);  // an explicit count wins
+  }
+  for (const char* bad : {"", "0", "-2", "8x", "99999", "two"}) {
+    ScopedEnv env("TESSEL_DEVICES", bad);
+    EXPECT_THAT([] { Runtime::host(); },
+                ThrowsMessage<ValueError>(HasSubstr("TESSEL_DEVICES must be a device count")))
+        << bad;
+  }
+}
+
+TEST(Runtime, CheckMeshNamesTheMissingDevice) {
+  auto rt = Runtime::host(4);
+  EXPECT_NO_THROW(rt.check_mesh(Mesh::parse("a=2,b=2")));
+  EXPECT_THAT([&] { rt.check_mesh(Mesh::parse("a=8")); },
+              ThrowsMessage<ValueError>(HasSubstr("uses device 4, but the runtime has devices 0 to 3")));
+}
+
+TEST(WorkerPool, RunsEveryIndexOnce) {
+  WorkerPool pool(3);
+  EXPECT_EQ(pool.size(), 3);
+  std::vector<std::atomic<int>> hits(1000);
+  pool.parallel_for(1000, [&](int64_t i) { hits[static_cast<size_t>(i)]++; });
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  pool.parallel_for(0, [&](int64_t) { FAIL(); });
+}
+
+TEST(WorkerPool, RethrowsTheFirstErrorAfterAllIndicesRan) {
+  WorkerPool pool(2);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.parallel_for(50, [&](int64_t i) {
+                 ran++;
+                 if (i % 10 == 3) throw std::runtime_error("task failed");
+               }),
+               std::runtime_error);
+  EXPECT_EQ(ran.load(), 50);
+  // The pool still works afterwards.
+  std::atomic<int> again{0};
+  pool.parallel_for(8, [&](int64_t) { again++; });
+  EXPECT_EQ(again.load(), 8);
+}
+
+TEST(WorkerPool, NestedCallsRunInline) {
+  WorkerPool pool(2);
+  std::atomic<int> inner{0};
+  pool.parallel_for(4, [&](int64_t) { pool.parallel_for(4, [&](int64_t) { inner++; }); });
+  EXPECT_EQ(inner.load(), 16);
+}
+
+TEST(DeviceMemory, AccountsInUsePeakAndHolders) {
+  Device d(0, 0, std::nullopt);
+  std::byte* a = d.allocate(1000, "params/w");
+  std::byte* b = d.allocate(24, "params/b");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u);
+  EXPECT_EQ(d.memory_stats().in_use, 1024);
+  EXPECT_EQ(d.memory_stats().buffers, 2);
+  auto holders = d.memory_holders();
+  ASSERT_EQ(holders.size(), 2u);
+  EXPECT_EQ(holders[0].label, "params/w");
+  d.deallocate(a, 1000, "params/w");
+  EXPECT_EQ(d.memory_stats().in_use, 24);
+  EXPECT_EQ(d.memory_stats().peak, 1024);
+  d.reset_peak();
+  EXPECT_EQ(d.memory_stats().peak, 24);
+  d.deallocate(b, 24, "params/b");
+  EXPECT_EQ(d.memory_stats().in_use, 0);
+  EXPECT_TRUE(d.memory_holders().empty());
+  EXPECT_EQ(d.allocate(0, "empty"), nullptr);
+  EXPECT_EQ(d.memory_stats().buffers, 0);
+}
+
+TEST(DeviceMemory, LimitRaisesOutOfMemoryNamingDeviceRequestAndHolders) {
+  Device d(3, 0, int64_t{4} << 20);
+  std::byte* w = d.allocate(int64_t{3} << 20, "params/w");
+  try {
+    d.allocate(int64_t{2} << 20, "opt/mu");
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.device(), 3);
+    EXPECT_EQ(e.requested(), int64_t{2} << 20);
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("device 3: out of memory"), HasSubstr("2.00 MiB for opt/mu"),
+                                HasSubstr("limit 4.00 MiB"), HasSubstr("in use 3.00 MiB"),
+                                HasSubstr("params/w 3.00 MiB in 1 buffer")));
+  }
+  EXPECT_EQ(d.memory_stats().in_use, int64_t{3} << 20);  // the failed request left no trace
+  d.deallocate(w, int64_t{3} << 20, "params/w");
+  EXPECT_NO_THROW(d.deallocate(d.allocate(int64_t{4} << 20, "fits"), int64_t{4} << 20, "fits"));
+  EXPECT_THAT([&] { d.set_memory_limit(-1); }, ThrowsMessage<ValueError>(HasSubstr("must not be negative")));
+}
+
+TEST(DeviceMemory, FreedLargeBlocksAreReusedAndCountAgainstTheLimit) {
+  Device d(0, 0, std::nullopt);
+  const int64_t big = int64_t{8} << 20;
+  std::byte* a = d.allocate(big, "a");
+  d.deallocate(a, big, "a");
+  EXPECT_EQ(d.memory_stats().cached, big);
+  EXPECT_EQ(d.memory_stats().in_use, 0);
+  std::byte* b = d.allocate(big, "b");
+  EXPECT_EQ(a, b);  // the same block back, no fresh page faults
+  EXPECT_EQ(d.memory_stats().cached, 0);
+  d.deallocate(b, big, "b");
+  // A limit that the cache would break: the cache is dropped, the allocation succeeds.
+  d.set_memory_limit(big + (int64_t{4} << 20));
+  std::byte* c = d.allocate(int64_t{6} << 20, "c");
+  EXPECT_EQ(d.memory_stats().cached, 0);
+  d.deallocate(c, int64_t{6} << 20, "c");
+  d.release_cached_memory();
+  EXPECT_EQ(d.memory_stats().cached, 0);
+}
+
+TEST(DeviceMemory, ArraysChargeTheirLabelAndTheTableShowsIt) {
+  auto rt = Runtime::host(2);
+  NamedSharding rows(Mesh::parse("d=2"), {{"d"}});
+  {
+    Array x = device_put(rt, testing::iota(Shape{64, 4}, DType::kF32), rows, "params/embed");
+    EXPECT_EQ(rt.device(1).memory_stats().in_use, 32 * 4 * 4);
+    std::string table = memory_table(rt);
+    EXPECT_THAT(table, AllOf(HasSubstr("params/embed 512 B"), HasSubstr("in use"), HasSubstr("none")));
+    Array y = device_put(rt, testing::iota(Shape{3}, DType::kF32), rows);
+    EXPECT_EQ(rt.device(0).memory_holders().back().label, "f32[3]");
+  }
+  EXPECT_EQ(rt.device(0).memory_stats().in_use, 0);
+  EXPECT_EQ(rt.device(1).memory_stats().in_use, 0);
+}
+
+TEST(DeviceMemory, ArrayOverTheLimitFailsWithoutLeaking) {
+  RuntimeOptions options;
+  options.devices = 2;
+  options.memory_limit = 1000;
+  auto rt = Runtime::host(options);
+  NamedSharding replicated(Mesh::parse("d=2"), {});
+  EXPECT_THAT([&] { device_put(rt, testing::iota(Shape{300}, DType::kF32), replicated, "big"); },
+              ThrowsMessage<OutOfMemoryError>(HasSubstr("cannot allocate 1.17 KiB for big")));
+  EXPECT_EQ(rt.device(0).memory_stats().in_use, 0);
+  EXPECT_EQ(rt.device(1).memory_stats().in_use, 0);
+}
+
+}  // namespace
+}  // namespace tessel
