@@ -140,7 +140,7 @@ void reduce_run(DType dtype, Reduction op, const std::byte* const* inputs, size_
     using T = decltype(traits);
     using S = typename T::Storage;
     using A = typename T::Acc;
-    constexpr int64_t kChunk = 512;
+    constexpr int64_t kChunk = 2048;
     A acc[kChunk];
     for (int64_t base = 0; base < count; base += kChunk) {
       const int64_t m = std::min(kChunk, count - base);
