@@ -73,6 +73,12 @@ TEST(Runtime, CheckMeshNamesTheMissingDevice) {
               ThrowsMessage<ValueError>(HasSubstr("uses device 4, but the runtime has devices 0 to 3")));
 }
 
+TEST(WorkerPool, IsSizedToTheMachineNotToTheDevices) {
+  EXPECT_EQ(WorkerPool().size(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  auto rt = Runtime::host(64);
+  EXPECT_EQ(rt.pool().size(), WorkerPool().size());
+}
+
 TEST(WorkerPool, RunsEveryIndexOnce) {
   WorkerPool pool(3);
   EXPECT_EQ(pool.size(), 3);
