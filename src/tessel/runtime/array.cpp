@@ -140,25 +140,28 @@ Array make_array_from_callback(const Runtime& rt, const Shape& shape, DType dtyp
   detail::ArrayBuilder b(rt, shape, dtype, sharding, std::move(label));
   b.allocate_all();
   // The first addressable holder of each block gets filled; the other local replicas copy it.
-  std::vector<size_t> first(b.size(), b.size());
-  std::vector<size_t> fills;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!b.addressable(i)) continue;
-    for (size_t j = 0; j < i && first[i] == b.size(); ++j)
-      if (b.addressable(j) && first[j] == j && b.shard(j).box == b.shard(i).box) first[i] = j;
-    if (first[i] == b.size()) {
-      first[i] = i;
-      fills.push_back(i);
+  struct Block {
+    size_t first;
+    std::vector<size_t> copies;
+  };
+  std::vector<Block> blocks;
+  const Mesh& mesh = sharding.mesh();
+  for (const ShardPlacement& p : sharding.distinct_shards(shape)) {
+    Block block{b.size(), {}};
+    for (int64_t d : p.devices) {
+      auto i = static_cast<size_t>(mesh.position(d));
+      if (!b.addressable(i)) continue;
+      if (block.first == b.size()) block.first = i;
+      else block.copies.push_back(i);
     }
+    if (block.first != b.size() && !p.box.empty()) blocks.push_back(std::move(block));
   }
-  rt.pool().parallel_for(static_cast<int64_t>(fills.size()), [&](int64_t k) {
-    size_t i = fills[static_cast<size_t>(k)];
-    if (!b.shard(i).box.empty()) fill(b.shard(i).box, span_of(b.data(i), b.shard(i).box, dtype));
-  });
-  rt.pool().parallel_for(static_cast<int64_t>(b.size()), [&](int64_t k) {
-    auto i = static_cast<size_t>(k);
-    if (b.addressable(i) && first[i] != i && !b.shard(i).box.empty())
-      std::memcpy(b.data(i), b.data(first[i]), span_of(b.data(i), b.shard(i).box, dtype).size());
+  rt.pool().parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t k) {
+    const Block& block = blocks[static_cast<size_t>(k)];
+    const Box& box = b.shard(block.first).box;
+    std::span<std::byte> out = span_of(b.data(block.first), box, dtype);
+    fill(box, out);
+    for (size_t i : block.copies) std::memcpy(b.data(i), out.data(), out.size());
   });
   return std::move(b).finish();
 }

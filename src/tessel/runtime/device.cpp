@@ -22,6 +22,12 @@ int64_t rounded(int64_t bytes) {
   return (bytes + unit - 1) / unit * unit;
 }
 
+void sort_largest_first(std::vector<MemoryHolder>& list) {
+  std::sort(list.begin(), list.end(), [](const MemoryHolder& a, const MemoryHolder& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.label < b.label;
+  });
+}
+
 }  // namespace
 
 Device::Device(int64_t id, int process_index, std::optional<int64_t> memory_limit)
@@ -42,9 +48,7 @@ std::vector<MemoryHolder> Device::memory_holders() const {
     std::lock_guard lock(mu_);
     for (const auto& [label, h] : holders_) out.push_back(h);
   }
-  std::sort(out.begin(), out.end(), [](const MemoryHolder& a, const MemoryHolder& b) {
-    return a.bytes != b.bytes ? a.bytes > b.bytes : a.label < b.label;
-  });
+  sort_largest_first(out);
   return out;
 }
 
@@ -78,8 +82,7 @@ std::string Device::out_of_memory_message(int64_t bytes, const std::string& labe
   std::string holders;
   std::vector<MemoryHolder> list;
   for (const auto& [l, h] : holders_) list.push_back(h);
-  std::sort(list.begin(), list.end(),
-            [](const MemoryHolder& a, const MemoryHolder& b) { return a.bytes > b.bytes; });
+  sort_largest_first(list);
   for (size_t i = 0; i < list.size() && i < 5; ++i)
     holders += fmt::format("{}{} {} in {} buffer{}", i ? ", " : "", list[i].label,
                            text_util::format_bytes(list[i].bytes), list[i].buffers,

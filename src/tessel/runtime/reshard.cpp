@@ -36,29 +36,31 @@ void for_each_overlapping_block(const NamedSharding& source, const Shape& shape,
   }
 }
 
-}  // namespace
-
-ReshardPlan::ReshardPlan(const NamedSharding& source, const NamedSharding& target,
-                         const Shape& shape, DType dtype)
-    : header_(fmt::format("reshard {}: {} on {} -> {} on {}", type_string(dtype, shape),
-                          source.spec().to_string(), source.mesh().to_string(),
-                          target.spec().to_string(), target.mesh().to_string())) {
+// Plans every target shard from its overlaps with the source blocks: a block the device holds is
+// copied locally, any other from its least-loaded replica. `devices` gets one entry per device of
+// the target mesh (mesh order), then the source-only ones.
+void plan_transfers(const NamedSharding& source, const NamedSharding& target, const Shape& shape,
+                    DType dtype, std::vector<Transfer>& transfers,
+                    std::vector<DeviceTraffic>& devices) {
   const auto item = static_cast<int64_t>(item_size(dtype));
   const std::vector<ShardPlacement> blocks = source.distinct_shards(shape);
   const auto source_boxes = source.devices_indices_map(shape);
-  std::map<int64_t, size_t> slot;  // device -> index in devices_
+  std::map<int64_t, size_t> slot;  // device -> index in devices
   auto traffic = [&](int64_t device) -> DeviceTraffic& {
-    auto [it, fresh] = slot.try_emplace(device, devices_.size());
+    auto [it, fresh] = slot.try_emplace(device, devices.size());
     if (fresh) {
-      devices_.emplace_back();
-      devices_.back().device = device;
+      devices.emplace_back();
+      devices.back().device = device;
     }
-    return devices_[it->second];
+    return devices[it->second];
   };
   for (int64_t d : target.mesh().device_ids()) traffic(d);
   for (int64_t d : source.mesh().device_ids()) traffic(d);
 
-  for (const auto& [dst, box] : target.devices_indices_map(shape)) {
+  for (const auto& entry : target.devices_indices_map(shape)) {
+    // Named copies, not structured bindings: clang 14 (the fuzz build) cannot capture those.
+    const int64_t dst = entry.first;
+    const Box& box = entry.second;
     if (box.empty()) continue;
     // The source block this device already holds, if it is in the source mesh.
     const Box* held = source.mesh().contains(dst)
@@ -70,20 +72,30 @@ ReshardPlan::ReshardPlan(const NamedSharding& source, const NamedSharding& targe
       if (region.empty()) return;
       const int64_t bytes = region.volume() * item;
       if (held && *held == block.box) {
-        transfers_.push_back({dst, dst, std::move(region)});
+        transfers.push_back({dst, dst, std::move(region)});
         traffic(dst).bytes_local += bytes;
         return;
       }
       int64_t src = block.devices.front();
       for (int64_t r : block.devices)
         if (traffic(r).bytes_sent < traffic(src).bytes_sent) src = r;
-      transfers_.push_back({src, dst, std::move(region)});
+      transfers.push_back({src, dst, std::move(region)});
       traffic(src).bytes_sent += bytes;
       DeviceTraffic& t = traffic(dst);
       t.bytes_received += bytes;
       t.received_from[src] += bytes;
     });
   }
+}
+
+}  // namespace
+
+ReshardPlan::ReshardPlan(const NamedSharding& source, const NamedSharding& target,
+                         const Shape& shape, DType dtype)
+    : header_(fmt::format("reshard {}: {} on {} -> {} on {}", type_string(dtype, shape),
+                          source.spec().to_string(), source.mesh().to_string(),
+                          target.spec().to_string(), target.mesh().to_string())) {
+  plan_transfers(source, target, shape, dtype, transfers_, devices_);
 }
 
 const DeviceTraffic& ReshardPlan::device(int64_t id) const {
@@ -127,7 +139,10 @@ ReshardPlan plan_reshard(const Array& array, const NamedSharding& target) {
 }
 
 Array reshard(const Array& array, const NamedSharding& target) {
-  ReshardPlan plan = plan_reshard(array, target);
+  // The plan without its printable header: formatting it would be a tenth of a tiny reshard.
+  std::vector<Transfer> transfers;
+  std::vector<DeviceTraffic> traffic;
+  plan_transfers(array.sharding(), target, array.shape(), array.dtype(), transfers, traffic);
   detail::ArrayBuilder b(array.runtime(), array.shape(), array.dtype(), target, array.label());
   std::vector<bool> aliased(b.size());
   for (size_t i = 0; i < b.size(); ++i) {
@@ -141,9 +156,9 @@ Array reshard(const Array& array, const NamedSharding& target) {
   }
   b.allocate_all();
   std::vector<CopyTask> tasks;
-  tasks.reserve(plan.transfers().size());
+  tasks.reserve(transfers.size());
   const Mesh& target_mesh = target.mesh();
-  for (const Transfer& tr : plan.transfers()) {
+  for (const Transfer& tr : transfers) {
     auto i = static_cast<size_t>(target_mesh.position(tr.dst_device));
     if (aliased[i]) continue;
     const Shard& s = array.shard(tr.src_device);
