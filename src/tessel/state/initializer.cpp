@@ -1,0 +1,204 @@
+#include "tessel/state/initializer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "tessel/core/box_copy.h"
+#include "tessel/core/error.h"
+#include "tessel/core/half.h"
+#include "tessel/state/random.h"
+
+namespace tessel {
+namespace {
+
+// Standard deviation of a standard normal truncated to [-2, 2] (JAX's constant).
+constexpr double kTruncatedStd = .87962566103423978;
+
+void store(DType dtype, double v, std::byte* out) {
+  switch (dtype) {
+    case DType::kF32: { float f = static_cast<float>(v); std::memcpy(out, &f, 4); return; }
+    case DType::kF64: std::memcpy(out, &v, 8); return;
+    case DType::kBF16: { uint16_t h = f32_to_bf16(static_cast<float>(v)); std::memcpy(out, &h, 2); return; }
+    case DType::kF16: { uint16_t h = f32_to_f16(static_cast<float>(v)); std::memcpy(out, &h, 2); return; }
+    default: break;
+  }
+}
+
+std::string_view mode_name(FanMode m) {
+  switch (m) {
+    case FanMode::kFanIn: return "fan_in";
+    case FanMode::kFanOut: return "fan_out";
+    case FanMode::kFanAvg: return "fan_avg";
+  }
+  return "?";
+}
+
+std::string_view distribution_name(Distribution d) {
+  switch (d) {
+    case Distribution::kTruncatedNormal: return "truncated_normal";
+    case Distribution::kNormal: return "normal";
+    case Distribution::kUniform: return "uniform";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::pair<double, double> compute_fans(const Shape& shape, const Fans& fans) {
+  const size_t rank = shape.rank();
+  Fans f = fans;
+  if (f.in_axes.empty() && f.out_axes.empty()) {
+    if (rank < 1) return {1.0, 1.0};
+    if (rank == 1) return {static_cast<double>(shape[0]), static_cast<double>(shape[0])};
+    f.in_axes = {rank - 2};
+    f.out_axes = {rank - 1};
+  }
+  std::vector<int> role(rank, 0);  // 0 receptive field, 1 in, 2 out, 3 batch
+  auto mark = [&](const std::vector<size_t>& axes, int r, const char* what) {
+    for (size_t a : axes) {
+      if (a >= rank)
+        throw ValueError(fmt::format("{} axis {} is out of range for shape {}", what, a, shape.to_string()));
+      if (role[a] != 0)
+        throw ValueError(fmt::format("axis {} of shape {} is declared twice among in/out/batch axes", a, shape.to_string()));
+      role[a] = r;
+    }
+  };
+  mark(f.in_axes, 1, "fan-in");
+  mark(f.out_axes, 2, "fan-out");
+  mark(f.batch_axes, 3, "batch");
+  double in = 1, out = 1, receptive = 1;
+  for (size_t d = 0; d < rank; ++d) {
+    auto n = static_cast<double>(shape[d]);
+    if (role[d] == 1) in *= n;
+    else if (role[d] == 2) out *= n;
+    else if (role[d] == 0) receptive *= n;
+  }
+  return {in * receptive, out * receptive};
+}
+
+Initializer Initializer::zeros() { return Initializer(Kind::kZeros, 0); }
+Initializer Initializer::ones() { return Initializer(Kind::kOnes, 1); }
+Initializer Initializer::constant(double value) { return Initializer(Kind::kConstant, value); }
+
+Initializer Initializer::normal(double stddev) {
+  if (!(stddev >= 0)) throw ValueError(fmt::format("normal initializer: stddev must be >= 0, got {}", stddev));
+  return Initializer(Kind::kNormal, stddev);
+}
+
+Initializer Initializer::truncated_normal(double stddev, double lower, double upper) {
+  if (!(stddev >= 0)) throw ValueError(fmt::format("truncated_normal initializer: stddev must be >= 0, got {}", stddev));
+  if (!(lower < upper))
+    throw ValueError(fmt::format("truncated_normal initializer: need lower < upper, got [{}, {}]", lower, upper));
+  return Initializer(Kind::kTruncatedNormal, stddev, lower, upper);
+}
+
+Initializer Initializer::uniform(double scale) { return Initializer(Kind::kUniform, scale); }
+
+Initializer Initializer::variance_scaling(double scale, FanMode mode, Distribution distribution) {
+  if (!(scale > 0)) throw ValueError(fmt::format("variance_scaling initializer: scale must be > 0, got {}", scale));
+  Initializer init(Kind::kVarianceScaling, scale);
+  init.mode_ = mode;
+  init.distribution_ = distribution;
+  return init;
+}
+
+Initializer Initializer::by_name(std::string_view name) {
+  if (name == "zeros") return zeros();
+  if (name == "ones") return ones();
+  if (name == "normal") return normal();
+  if (name == "truncated_normal") return truncated_normal();
+  if (name == "uniform") return uniform();
+  if (name == "lecun_normal") return lecun_normal();
+  if (name == "lecun_uniform") return lecun_uniform();
+  if (name == "he_normal" || name == "kaiming_normal") return he_normal();
+  if (name == "he_uniform" || name == "kaiming_uniform") return he_uniform();
+  if (name == "glorot_normal" || name == "xavier_normal") return glorot_normal();
+  if (name == "glorot_uniform" || name == "xavier_uniform") return glorot_uniform();
+  throw ValueError(fmt::format(
+      "unknown initializer '{}' (known: zeros, ones, normal, truncated_normal, uniform, "
+      "lecun_normal, lecun_uniform, he_normal, he_uniform, glorot_normal, glorot_uniform)", name));
+}
+
+std::string Initializer::to_string() const {
+  switch (kind_) {
+    case Kind::kZeros: return "zeros";
+    case Kind::kOnes: return "ones";
+    case Kind::kConstant: return fmt::format("constant({})", a_);
+    case Kind::kNormal: return fmt::format("normal(stddev={})", a_);
+    case Kind::kTruncatedNormal: return fmt::format("truncated_normal(stddev={}, lower={}, upper={})", a_, b_, c_);
+    case Kind::kUniform: return fmt::format("uniform(scale={})", a_);
+    case Kind::kVarianceScaling:
+      return fmt::format("variance_scaling(scale={}, {}, {})", a_, mode_name(mode_), distribution_name(distribution_));
+  }
+  return "?";
+}
+
+void Initializer::fill(uint64_t seed, std::string_view path, const Shape& shape, DType dtype,
+                       const Fans& fans, const Box& box, std::span<std::byte> out) const {
+  const size_t item = item_size(dtype);
+  if (box.rank() != shape.rank() || !Box::full(shape).contains(box))
+    throw ValueError(fmt::format("{}: box {} does not lie in shape {}", path, box.to_string(), shape.to_string()));
+  if (out.size() != static_cast<size_t>(box.volume()) * item)
+    throw ValueError(fmt::format("{}: {} bytes given for box {} of {}, need {}", path, out.size(),
+                                 box.to_string(), name(dtype), box.volume() * static_cast<int64_t>(item)));
+  const bool constant = kind_ == Kind::kZeros || kind_ == Kind::kOnes || kind_ == Kind::kConstant;
+  if (!constant && !is_floating(dtype))
+    throw ValueError(fmt::format("{}: {} initializer needs a float dtype, not {}", path, to_string(), name(dtype)));
+  if (box.empty()) return;
+
+  // The sampler of one element, given its global row-major index.
+  const PhiloxKey key = parameter_key(seed, path);
+  std::function<double(uint64_t)> sample;
+  switch (kind_) {
+    case Kind::kZeros:
+    case Kind::kOnes:
+    case Kind::kConstant: sample = [v = a_](uint64_t) { return v; }; break;
+    case Kind::kNormal: sample = [&, s = a_](uint64_t i) { return s * standard_normal(key, i); }; break;
+    case Kind::kTruncatedNormal:
+      sample = [&, s = a_, lo = b_, hi = c_](uint64_t i) { return s * truncated_standard_normal(key, i, lo, hi); };
+      break;
+    case Kind::kUniform: sample = [&, s = a_](uint64_t i) { return s * uniform01(key, i); }; break;
+    case Kind::kVarianceScaling: {
+      auto [fan_in, fan_out] = compute_fans(shape, fans);
+      double n = mode_ == FanMode::kFanIn ? fan_in : mode_ == FanMode::kFanOut ? fan_out : (fan_in + fan_out) / 2;
+      if (!(n > 0))
+        throw ValueError(fmt::format("{}: variance_scaling over an empty fan (shape {})", path, shape.to_string()));
+      double variance = a_ / n;
+      switch (distribution_) {
+        case Distribution::kTruncatedNormal:
+          sample = [&, s = std::sqrt(variance) / kTruncatedStd](uint64_t i) {
+            return s * truncated_standard_normal(key, i, -2.0, 2.0);
+          };
+          break;
+        case Distribution::kNormal:
+          sample = [&, s = std::sqrt(variance)](uint64_t i) { return s * standard_normal(key, i); };
+          break;
+        case Distribution::kUniform:
+          sample = [&, l = std::sqrt(3 * variance)](uint64_t i) { return l * (2 * uniform01(key, i) - 1); };
+          break;
+      }
+      break;
+    }
+  }
+
+  if (constant && !is_floating(dtype)) {  // integers and bool: the value converted once
+    std::vector<std::byte> one(item);
+    auto v = static_cast<int64_t>(a_);
+    if (dtype == DType::kBool) v = a_ != 0;
+    std::memcpy(one.data(), &v, item);  // little endian: the low bytes
+    for (size_t k = 0; k < out.size(); k += item) std::memcpy(out.data() + k, one.data(), item);
+    return;
+  }
+  // Walk the box row by row; the global index of each element is its offset in the full shape.
+  const Box full = Box::full(shape);
+  for_each_run(box, full, box, [&](int64_t global, int64_t local, int64_t count) {
+    for (int64_t j = 0; j < count; ++j)
+      store(dtype, sample(static_cast<uint64_t>(global + j)), out.data() + (local + j) * static_cast<int64_t>(item));
+  });
+}
+
+}  // namespace tessel

@@ -1,0 +1,186 @@
+#include "tessel/state/initializer.h"
+
+#include <cmath>
+#include <random>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tessel/core/error.h"
+#include "tessel/core/half.h"
+#include "tessel/state/random.h"
+
+namespace tessel {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (PhiloxCounter{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
+            (PhiloxCounter{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+            (PhiloxCounter{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(Philox, KeysDependOnSeedAndPath) {
+  EXPECT_EQ(parameter_key(0, "a/b"), parameter_key(0, "a/b"));
+  EXPECT_NE(parameter_key(0, "a/b"), parameter_key(1, "a/b"));
+  EXPECT_NE(parameter_key(0, "a/b"), parameter_key(0, "a/c"));
+  EXPECT_NE(parameter_key(uint64_t{1} << 32, "a/b"), parameter_key(0, "a/b"));
+}
+
+std::vector<float> fill_f32(const Initializer& init, uint64_t seed, const std::string& path,
+                            const Shape& shape, const Box& box, const Fans& fans = {}) {
+  std::vector<float> out(static_cast<size_t>(box.volume()));
+  init.fill(seed, path, shape, DType::kF32, fans,
+            box, std::as_writable_bytes(std::span<float>(out)));
+  return out;
+}
+
+std::vector<Initializer> all_kinds() {
+  return {Initializer::zeros(), Initializer::ones(), Initializer::constant(0.25),
+          Initializer::normal(0.5), Initializer::truncated_normal(0.5), Initializer::uniform(3.0),
+          Initializer::lecun_normal(), Initializer::he_uniform(), Initializer::glorot_uniform(),
+          Initializer::variance_scaling(0.7, FanMode::kFanOut, Distribution::kNormal)};
+}
+
+TEST(Initializer, AnyBlockEqualsTheSameElementsOfTheWhole) {
+  std::mt19937 rng(5);
+  const Shape shape{13, 7, 5};
+  for (const Initializer& init : all_kinds()) {
+    std::vector<float> whole = fill_f32(init, 42, "p/w", shape, Box::full(shape));
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<int64_t> lo(3), hi(3);
+      for (size_t d = 0; d < 3; ++d) {
+        int64_t a = std::uniform_int_distribution<int64_t>(0, shape[d])(rng);
+        int64_t b = std::uniform_int_distribution<int64_t>(0, shape[d])(rng);
+        lo[d] = std::min(a, b);
+        hi[d] = std::max(a, b);
+      }
+      Box box(lo, hi);
+      std::vector<float> part = fill_f32(init, 42, "p/w", shape, box);
+      size_t k = 0;
+      for (int64_t i = lo[0]; i < hi[0]; ++i)
+        for (int64_t j = lo[1]; j < hi[1]; ++j)
+          for (int64_t l = lo[2]; l < hi[2]; ++l)
+            ASSERT_EQ(std::bit_cast<uint32_t>(part[k++]),
+                      std::bit_cast<uint32_t>(whole[static_cast<size_t>((i * 7 + j) * 5 + l)]))
+                << init.to_string() << " " << box.to_string();
+    }
+  }
+}
+
+TEST(Initializer, SeedsAndPathsGiveDifferentValues) {
+  const Shape shape{64};
+  auto a = fill_f32(Initializer::normal(1), 0, "w", shape, Box::full(shape));
+  EXPECT_EQ(a, fill_f32(Initializer::normal(1), 0, "w", shape, Box::full(shape)));
+  EXPECT_NE(a, fill_f32(Initializer::normal(1), 1, "w", shape, Box::full(shape)));
+  EXPECT_NE(a, fill_f32(Initializer::normal(1), 0, "v", shape, Box::full(shape)));
+}
+
+struct Moments {
+  double mean, variance, min, max;
+};
+
+Moments moments(const std::vector<float>& v) {
+  double s = 0, s2 = 0, lo = INFINITY, hi = -INFINITY;
+  for (float x : v) {
+    s += x;
+    lo = std::min<double>(lo, x);
+    hi = std::max<double>(hi, x);
+  }
+  double mean = s / static_cast<double>(v.size());
+  for (float x : v) s2 += (x - mean) * (x - mean);
+  return {mean, s2 / static_cast<double>(v.size() - 1), lo, hi};
+}
+
+// Sample mean within 5 standard errors; sample variance within 4% (about 10 of its standard
+// errors for these sizes, so the test is stable yet catches a wrong scale).
+void expect_moments(const Initializer& init, const Shape& shape, const Fans& fans, double mean,
+                    double variance) {
+  auto v = fill_f32(init, 7, "stats/w", shape, Box::full(shape), fans);
+  Moments m = moments(v);
+  double n = static_cast<double>(v.size());
+  EXPECT_NEAR(m.mean, mean, 5 * std::sqrt(variance / n)) << init.to_string();
+  EXPECT_NEAR(m.variance, variance, 0.04 * variance) << init.to_string();
+}
+
+TEST(Initializer, SampleMomentsMatchTheDefinitions) {
+  const Shape shape{256, 512};  // fan_in 256, fan_out 512
+  const Fans fans;
+  expect_moments(Initializer::normal(0.5), shape, fans, 0, 0.25);
+  expect_moments(Initializer::truncated_normal(0.5), shape, fans, 0, 0.25 * .87962566103423978 * .87962566103423978);
+  expect_moments(Initializer::uniform(3.0), shape, fans, 1.5, 9.0 / 12);
+  expect_moments(Initializer::lecun_normal(), shape, fans, 0, 1.0 / 256);
+  expect_moments(Initializer::lecun_uniform(), shape, fans, 0, 1.0 / 256);
+  expect_moments(Initializer::he_normal(), shape, fans, 0, 2.0 / 256);
+  expect_moments(Initializer::he_uniform(), shape, fans, 0, 2.0 / 256);
+  expect_moments(Initializer::glorot_normal(), shape, fans, 0, 1.0 / 384);
+  expect_moments(Initializer::glorot_uniform(), shape, fans, 0, 1.0 / 384);
+  expect_moments(Initializer::variance_scaling(3, FanMode::kFanOut, Distribution::kNormal), shape, fans, 0, 3.0 / 512);
+  // Declared fans: a stacked [layers, in, out] kernel does not count the layers.
+  expect_moments(Initializer::lecun_normal(), Shape{8, 128, 64}, Fans{{1}, {2}, {0}}, 0, 1.0 / 128);
+}
+
+TEST(Initializer, BoundsHold) {
+  const Shape shape{100000};
+  Moments t = moments(fill_f32(Initializer::truncated_normal(0.5), 1, "t", shape, Box::full(shape)));
+  EXPECT_GE(t.min, -1.0);
+  EXPECT_LE(t.max, 1.0);
+  Moments u = moments(fill_f32(Initializer::uniform(3.0), 1, "u", shape, Box::full(shape)));
+  EXPECT_GE(u.min, 0.0);
+  EXPECT_LT(u.max, 3.0);
+  Moments g = moments(fill_f32(Initializer::glorot_uniform(), 1, "g", Shape{100, 200}, Box::full(Shape{100, 200})));
+  double limit = std::sqrt(3.0 / 150);
+  EXPECT_GE(g.min, -limit);
+  EXPECT_LE(g.max, limit);
+  Moments h = moments(fill_f32(Initializer::he_normal(), 1, "h", Shape{100, 200}, Box::full(Shape{100, 200})));
+  EXPECT_LE(h.max, 2 * std::sqrt(2.0 / 100) / .87962566103423978 + 1e-6);
+}
+
+TEST(Initializer, Bf16IsTheRoundedF32AndConstantsFillAnyDtype) {
+  const Shape shape{33};
+  auto f = fill_f32(Initializer::normal(1), 3, "w", shape, Box::full(shape));
+  std::vector<uint16_t> b(33);
+  Initializer::normal(1).fill(3, "w", shape, DType::kBF16, {}, Box::full(shape), std::as_writable_bytes(std::span<uint16_t>(b)));
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i], f32_to_bf16(f[i]));
+  std::vector<int32_t> ints(4);
+  Initializer::constant(7).fill(0, "c", Shape{4}, DType::kI32, {}, Box::full(Shape{4}), std::as_writable_bytes(std::span<int32_t>(ints)));
+  EXPECT_EQ(ints, (std::vector<int32_t>{7, 7, 7, 7}));
+  std::vector<uint8_t> flags(3);
+  Initializer::ones().fill(0, "c", Shape{3}, DType::kBool, {}, Box::full(Shape{3}), std::as_writable_bytes(std::span<uint8_t>(flags)));
+  EXPECT_EQ(flags, (std::vector<uint8_t>{1, 1, 1}));
+}
+
+TEST(Initializer, FansFollowJax) {
+  EXPECT_EQ(compute_fans(Shape{3, 3, 16, 32}, {}), (std::pair<double, double>{144, 288}));  // conv HWIO
+  EXPECT_EQ(compute_fans(Shape{64, 128}, {}), (std::pair<double, double>{64, 128}));
+  EXPECT_EQ(compute_fans(Shape{8, 64, 4, 16}, Fans{{1}, {2, 3}, {0}}), (std::pair<double, double>{64, 64}));
+  EXPECT_EQ(compute_fans(Shape{10}, {}), (std::pair<double, double>{10, 10}));
+}
+
+TEST(Initializer, BadUsesNameTheProblem) {
+  std::vector<std::byte> out(16);
+  EXPECT_THAT([&] { Initializer::normal().fill(0, "w", Shape{4}, DType::kI32, {}, Box::full(Shape{4}), out); },
+              ThrowsMessage<ValueError>(HasSubstr("w: normal(stddev=0.01) initializer needs a float dtype, not int32")));
+  EXPECT_THAT([&] { Initializer::normal().fill(0, "w", Shape{4}, DType::kF32, {}, Box({2}, {6}), out); },
+              ThrowsMessage<ValueError>(HasSubstr("w: box [2:6] does not lie in shape [4]")));
+  EXPECT_THAT([&] { Initializer::normal().fill(0, "w", Shape{8}, DType::kF32, {}, Box::full(Shape{8}), out); },
+              ThrowsMessage<ValueError>(HasSubstr("16 bytes given for box [0:8] of float32, need 32")));
+  EXPECT_THAT([] { Initializer::by_name("xavier_magic"); },
+              ThrowsMessage<ValueError>(HasSubstr("unknown initializer 'xavier_magic' (known: zeros")));
+  EXPECT_THAT([] { compute_fans(Shape{4, 4}, Fans{{0}, {2}, {}}); },
+              ThrowsMessage<ValueError>(HasSubstr("fan-out axis 2 is out of range for shape [4, 4]")));
+  EXPECT_THAT([] { compute_fans(Shape{4, 4}, Fans{{0}, {0}, {}}); },
+              ThrowsMessage<ValueError>(HasSubstr("axis 0 of shape [4, 4] is declared twice")));
+  EXPECT_THAT([] { Initializer::truncated_normal(1, 2, -2); }, ThrowsMessage<ValueError>(HasSubstr("need lower < upper")));
+  EXPECT_THAT([] { Initializer::variance_scaling(0, FanMode::kFanIn, Distribution::kNormal); },
+              ThrowsMessage<ValueError>(HasSubstr("scale must be > 0")));
+  EXPECT_EQ(Initializer::by_name("kaiming_normal").to_string(), "variance_scaling(scale=2, fan_in, truncated_normal)");
+}
+
+}  // namespace
+}  // namespace tessel
