@@ -139,10 +139,6 @@ std::vector<std::string> others(const std::vector<std::string>& axes) {
   return out;
 }
 
-void expect_memory_consistent(const Runtime& rt, const Array& x, const Array& y) {
-  testing::expect_accounts_match(rt, {&x, &y});
-}
-
 // Every element of y on device d came from the member of d's group whose shard of x holds it:
 // the result of a collective that moves data within groups without reducing it.
 void expect_taken_from_group(const Array& x, const Array& y, const std::vector<std::string>& axes) {
@@ -180,7 +176,7 @@ TEST(Collectives, AllGatherMatchesTheHostReferenceForEveryAxisSet) {
       want[0].resize(want[0].size() - axes.size());
       EXPECT_EQ(y.sharding(), NamedSharding(kMesh, PartitionSpec(want)));
       expect_taken_from_group(x, y, axes);
-      expect_memory_consistent(rt, x, y);
+      testing::expect_accounts_match(rt, {&x, &y});
     }
   }
 }
@@ -201,7 +197,7 @@ TEST(Collectives, ReduceScatterMatchesTheHostReferenceForEveryAxisSet) {
         ASSERT_EQ(element(y, d, p), reduce_reference(DType::kF32, Reduction::kSum, group, flat_index(shape, p)));
       });
     }
-    expect_memory_consistent(rt, x, y);
+    testing::expect_accounts_match(rt, {&x, &y});
   }
 }
 
@@ -234,7 +230,7 @@ TEST(Collectives, AllReduceMatchesTheHostReferenceForEveryAxisSetOpAndDtype) {
       int64_t mine = v / n;  // device 0 owns piece 0: [0, v / n)
       EXPECT_EQ(rt.device(0).memory_stats().bytes_received - received_before,
                 static_cast<int64_t>(item_size(c.dtype)) * ((n - 1) * mine + (v - mine)));
-      expect_memory_consistent(rt, x, y);
+      testing::expect_accounts_match(rt, {&x, &y});
     }
   }
 }
@@ -277,7 +273,7 @@ TEST(Collectives, PpermuteShiftsAlongEachAxis) {
         EXPECT_TRUE(std::equal(got.begin(), got.end(), src.buffer.bytes().begin())) << axis << shift << d;
       }
       if (shift == 2) EXPECT_TRUE(y.shard(0).buffer.shares_with(x.shard(0).buffer));  // identity
-      expect_memory_consistent(rt, x, y);
+      testing::expect_accounts_match(rt, {&x, &y});
     }
   }
   // A shift along a 4-device axis rolls the blocks: the global value is rolled by a block.

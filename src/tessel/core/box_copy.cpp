@@ -8,12 +8,17 @@
 
 namespace tessel {
 
+void check_region_inside(const Box& region, const Box& src_box, const Box& dst_box,
+                         std::string_view what) {
+  if (!src_box.contains(region) || !dst_box.contains(region))
+    throw ValueError(fmt::format("{} region {} is not inside both the source box {} and the "
+                                 "destination box {}",
+                                 what, region.to_string(), src_box.to_string(), dst_box.to_string()));
+}
+
 void copy_region(const std::byte* src, const Box& src_box, std::byte* dst, const Box& dst_box,
                  const Box& region, size_t item_size) {
-  if (!src_box.contains(region) || !dst_box.contains(region))
-    throw ValueError(fmt::format("copy region {} is not inside both the source box {} and the "
-                                 "destination box {}",
-                                 region.to_string(), src_box.to_string(), dst_box.to_string()));
+  check_region_inside(region, src_box, dst_box, "copy");
   const auto item = static_cast<int64_t>(item_size);
   for_each_run(region, src_box, dst_box, [&](int64_t s, int64_t d, int64_t n) {
     std::memcpy(dst + d * item, src + s * item, static_cast<size_t>(n * item));

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "tessel/core/box.h"
@@ -72,6 +73,10 @@ void for_each_run(const Box& region, const Box& src_box, const Box& dst_box, Fn&
     if (k == static_cast<size_t>(-1)) return;
   }
 }
+
+// Throws ValueError unless `region` lies in both boxes; `what` starts the message ("copy").
+void check_region_inside(const Box& region, const Box& src_box, const Box& dst_box,
+                         std::string_view what);
 
 // Copies `region` from `src` (holding src_box) to `dst` (holding dst_box).
 void copy_region(const std::byte* src, const Box& src_box, std::byte* dst, const Box& dst_box,

@@ -94,22 +94,26 @@ void ArrayBuilder::allocate_all() {
   const auto item = static_cast<int64_t>(item_size(dtype_));
   const std::string& charge = label_.empty() ? type_string(dtype_, shape_) : label_;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (!addressable_[i] || shards_[i].buffer.valid() || allocations_[i]) continue;
+    if (!addressable_[i] || is_shared(i) || allocations_[i]) continue;
     allocations_[i] = std::make_shared<Allocation>(rt_.shared_device(shards_[i].device),
                                                    shards_[i].box.volume() * item, charge);
   }
 }
 
-void ArrayBuilder::alias(size_t i, const Buffer& buffer) {
-  allocations_[i].reset();
-  shards_[i].buffer = buffer;
+void ArrayBuilder::share_unchanged(const Array& source) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (!source.mesh().contains(shards_[i].device)) continue;
+    const Shard& s = source.shard(shards_[i].device);
+    if (s.box == shards_[i].box && s.is_addressable()) shards_[i].buffer = s.buffer;
+  }
 }
 
 Array ArrayBuilder::finish() && {
   for (size_t i = 0; i < shards_.size(); ++i)
     if (allocations_[i]) shards_[i].buffer = Buffer(std::move(allocations_[i]));
-  return Array(std::move(rt_), std::move(shape_), dtype_, std::move(sharding_), std::move(shards_),
-               std::move(label_));
+  return Array(std::make_shared<const Array::State>(Array::State{
+      std::move(rt_), std::move(shape_), dtype_, std::move(sharding_), std::move(shards_),
+      std::move(label_)}));
 }
 
 }  // namespace detail

@@ -30,6 +30,9 @@
 #include "tessel/sharding/named_sharding.h"
 
 namespace tessel {
+namespace detail {
+class ArrayBuilder;
+}
 
 struct Shard {
   int64_t device = 0;
@@ -65,6 +68,7 @@ class Array {
   std::string type_string() const { return tessel::type_string(dtype(), shape()); }
 
  private:
+  friend class detail::ArrayBuilder;  // builds shards that are correct by construction
   struct State {
     Runtime runtime;
     Shape shape;
@@ -73,6 +77,7 @@ class Array {
     std::vector<Shard> shards;
     std::string label;
   };
+  explicit Array(std::shared_ptr<const State> state) : s_(std::move(state)) {}
   std::shared_ptr<const State> s_;
 };
 

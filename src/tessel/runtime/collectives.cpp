@@ -79,14 +79,7 @@ Array group_exchange(const Array& x, const NamedSharding& target,
                      const std::vector<std::string>& axes, std::string_view op) {
   detail::ArrayBuilder b(x.runtime(), x.shape(), x.dtype(), target, x.label());
   const Mesh& mesh = x.mesh();
-  std::vector<bool> aliased(b.size());
-  for (size_t i = 0; i < b.size(); ++i) {
-    const Shard& s = x.shard(b.shard(i).device);
-    if (s.box == b.shard(i).box && s.is_addressable()) {
-      b.alias(i, s.buffer);
-      aliased[i] = true;
-    }
-  }
+  b.share_unchanged(x);
   b.allocate_all();
   std::vector<CopyTask> tasks;
   for (const auto& group : mesh.subgroups(axes)) {
@@ -98,7 +91,7 @@ Array group_exchange(const Array& x, const NamedSharding& target,
         const Shard& s = x.shard(m);
         Box region = out.intersect(s.box);
         covered += region.volume();
-        if (!aliased[i] && !region.empty())
+        if (!b.is_shared(i) && !region.empty())
           tasks.push_back(CopyTask{m, s.buffer.data(), s.box, d, b.data(i), out, std::move(region)});
       }
       if (covered != out.volume())
@@ -118,10 +111,10 @@ int64_t group_size(const Mesh& mesh, const std::vector<std::string>& axes) {
   return n;
 }
 
-// The same shards under another sharding with equal boxes: no copy.
+// The same shards under another sharding with equal boxes (size-1 groups): no copy.
 Array relabel(const Array& x, const NamedSharding& target) {
   detail::ArrayBuilder b(x.runtime(), x.shape(), x.dtype(), target, x.label());
-  for (size_t i = 0; i < b.size(); ++i) b.alias(i, x.shard(b.shard(i).device).buffer);
+  b.share_unchanged(x);
   return std::move(b).finish();
 }
 

@@ -45,13 +45,6 @@ void run_tasks(WorkerPool& pool, std::span<const Task> tasks, size_t item, const
   });
 }
 
-void check_boxes(const Box& region, const Box& src_box, const Box& dst_box, const char* kind) {
-  if (!src_box.contains(region) || !dst_box.contains(region))
-    throw ValueError(fmt::format("{} task: region {} is not inside both the source box {} and the "
-                                 "destination box {}",
-                                 kind, region.to_string(), src_box.to_string(), dst_box.to_string()));
-}
-
 }  // namespace
 
 std::string_view name(Reduction op) {
@@ -71,7 +64,7 @@ void InProcessCommunicator::copy(std::span<const CopyTask> tasks, DType dtype) {
   const size_t item = item_size(dtype);
   for (const CopyTask& t : tasks) {
     if (t.region.empty()) continue;
-    check_boxes(t.region, t.src_box, t.dst_box, "copy");
+    check_region_inside(t.region, t.src_box, t.dst_box, "copy task:");
     if (!t.src || !t.dst)
       throw ValueError(fmt::format("copy task from device {} to device {}: a buffer is not "
                                    "addressable in this process", t.src_device, t.dst_device));
@@ -93,7 +86,7 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
   const size_t item = item_size(dtype);
   for (const ReduceTask& t : tasks) {
     if (t.region.empty()) continue;
-    check_boxes(t.region, t.in_box, t.out_box, "reduce");
+    check_region_inside(t.region, t.in_box, t.out_box, "reduce task:");
     if (t.inputs.empty() || t.outputs.empty()) throw ValueError("reduce task without inputs or outputs");
     const int64_t bytes = t.region.volume() * static_cast<int64_t>(item);
     const int64_t owner = t.outputs.front().first;

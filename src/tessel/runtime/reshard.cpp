@@ -144,23 +144,14 @@ Array reshard(const Array& array, const NamedSharding& target) {
   std::vector<DeviceTraffic> traffic;
   plan_transfers(array.sharding(), target, array.shape(), array.dtype(), transfers, traffic);
   detail::ArrayBuilder b(array.runtime(), array.shape(), array.dtype(), target, array.label());
-  std::vector<bool> aliased(b.size());
-  for (size_t i = 0; i < b.size(); ++i) {
-    const Shard& t = b.shard(i);
-    if (!array.mesh().contains(t.device)) continue;
-    const Shard& s = array.shard(t.device);
-    if (s.box == t.box && s.is_addressable()) {
-      b.alias(i, s.buffer);
-      aliased[i] = true;
-    }
-  }
+  b.share_unchanged(array);
   b.allocate_all();
   std::vector<CopyTask> tasks;
   tasks.reserve(transfers.size());
   const Mesh& target_mesh = target.mesh();
   for (const Transfer& tr : transfers) {
     auto i = static_cast<size_t>(target_mesh.position(tr.dst_device));
-    if (aliased[i]) continue;
+    if (b.is_shared(i)) continue;
     const Shard& s = array.shard(tr.src_device);
     tasks.push_back(CopyTask{tr.src_device, s.buffer.data(), s.box, tr.dst_device, b.data(i),
                              b.shard(i).box, tr.region});

@@ -1,6 +1,7 @@
 // Internal (not installed): assembles a new Array. Boxes come from the sharding; each addressable
-// shard either gets a fresh buffer (allocate) that the caller fills through data(), or shares an
-// existing buffer holding the same box (alias), which copies nothing.
+// shard either gets a fresh buffer (allocate_all) that the caller fills through data(), or shares
+// a buffer of the source array holding the same box (share_unchanged), which copies nothing. The
+// result skips the public constructor's checks: it is correct by construction.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +21,11 @@ class ArrayBuilder {
   size_t size() const { return shards_.size(); }
   const Shard& shard(size_t i) const { return shards_[i]; }  // mesh order
   bool addressable(size_t i) const { return addressable_[i]; }
-  // Allocates every addressable shard not aliased yet. Throws OutOfMemoryError.
+  // Shards whose device holds the same box in `source` share its buffer.
+  void share_unchanged(const Array& source);
+  bool is_shared(size_t i) const { return shards_[i].buffer.valid(); }
+  // Allocates every addressable shard not shared. Throws OutOfMemoryError.
   void allocate_all();
-  void alias(size_t i, const Buffer& buffer);
   std::byte* data(size_t i) const { return allocations_[i] ? allocations_[i]->data() : nullptr; }
   Array finish() &&;
 
