@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tessel 0.1.0");
   tessel::cli::add_shardings_command(app);
   tessel::cli::add_reshard_command(app);
+  tessel::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -179,7 +179,7 @@ TEST(Initializer, BadUsesNameTheProblem) {
   EXPECT_THAT([] { Initializer::truncated_normal(1, 2, -2); }, ThrowsMessage<ValueError>(HasSubstr("need lower < upper")));
   EXPECT_THAT([] { Initializer::variance_scaling(0, FanMode::kFanIn, Distribution::kNormal); },
               ThrowsMessage<ValueError>(HasSubstr("scale must be > 0")));
-  EXPECT_EQ(Initializer::by_name("kaiming_normal").to_string(), "variance_scaling(scale=2, fan_in, truncated_normal)");
+  EXPECT_EQ(Initializer::by_name("kaiming_normal").to_string(), "variance_scaling(scale=2, mode=fan_in, distribution=truncated_normal)");
 }
 
 }  // namespace

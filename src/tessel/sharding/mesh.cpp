@@ -65,19 +65,25 @@ std::vector<MeshAxis> parse_axes(std::string_view text) {
 
 Mesh::Mesh(std::vector<MeshAxis> axes) : Mesh(axes, iota_devices(axes)) {}
 
-Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int64_t> device_ids)
-    : axes_(std::move(axes)), devices_(std::move(device_ids)) {
+Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int64_t> device_ids) : axes_(std::move(axes)) {
   int64_t n = checked_device_count(axes_);
-  if (static_cast<int64_t>(devices_.size()) != n)
+  if (static_cast<int64_t>(device_ids.size()) != n)
     throw ValueError(fmt::format("mesh {} needs {} devices but {} device ids were given",
-                                 to_string(), n, devices_.size()));
-  position_.reserve(devices_.size());
-  for (size_t i = 0; i < devices_.size(); ++i) {
-    if (devices_[i] < 0)
-      throw ValueError(fmt::format("mesh device id {} at position {} is negative", devices_[i], i));
-    if (!position_.emplace(devices_[i], static_cast<int64_t>(i)).second)
-      throw ValueError(fmt::format("mesh device id {} appears twice", devices_[i]));
+                                 to_string(), n, device_ids.size()));
+  auto table = std::make_shared<DeviceTable>();
+  table->identity = true;
+  for (size_t i = 0; i < device_ids.size(); ++i) table->identity &= device_ids[i] == static_cast<int64_t>(i);
+  if (!table->identity) {
+    table->position.reserve(device_ids.size());
+    for (size_t i = 0; i < device_ids.size(); ++i) {
+      if (device_ids[i] < 0)
+        throw ValueError(fmt::format("mesh device id {} at position {} is negative", device_ids[i], i));
+      if (!table->position.emplace(device_ids[i], static_cast<int64_t>(i)).second)
+        throw ValueError(fmt::format("mesh device id {} appears twice", device_ids[i]));
+    }
   }
+  table->ids = std::move(device_ids);
+  devices_ = std::move(table);
 }
 
 Mesh Mesh::parse(std::string_view text) { return Mesh(parse_axes(text)); }
@@ -124,11 +130,15 @@ size_t Mesh::axis_index(std::string_view name) const {
 
 int64_t Mesh::axis_size(std::string_view name) const { return axes_[axis_index(name)].size; }
 
-bool Mesh::contains(int64_t device_id) const { return position_.count(device_id) != 0; }
+bool Mesh::contains(int64_t device_id) const {
+  if (devices_->identity) return device_id >= 0 && device_id < device_count();
+  return devices_->position.count(device_id) != 0;
+}
 
 int64_t Mesh::position(int64_t device_id) const {
-  auto it = position_.find(device_id);
-  if (it == position_.end())
+  if (devices_->identity && device_id >= 0 && device_id < device_count()) return device_id;
+  auto it = devices_->position.find(device_id);
+  if (devices_->identity || it == devices_->position.end())
     throw ValueError(fmt::format("device {} is not in mesh {}", device_id, to_string()));
   return it->second;
 }
@@ -154,7 +164,7 @@ int64_t Mesh::device_at(std::span<const int64_t> coords) const {
                                    axes_[i].name, axes_[i].size));
     p = p * axes_[i].size + coords[i];
   }
-  return devices_[static_cast<size_t>(p)];
+  return devices_->ids[static_cast<size_t>(p)];
 }
 
 std::vector<std::vector<int64_t>> Mesh::subgroups(std::span<const std::string> axes) const {

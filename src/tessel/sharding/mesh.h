@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,8 +43,8 @@ class Mesh {
   bool has_axis(std::string_view name) const;
   size_t axis_index(std::string_view name) const;  // throws ValueError naming the mesh's axes
   int64_t axis_size(std::string_view name) const;
-  int64_t device_count() const { return static_cast<int64_t>(devices_.size()); }
-  const std::vector<int64_t>& device_ids() const { return devices_; }
+  int64_t device_count() const { return static_cast<int64_t>(devices_->ids.size()); }
+  const std::vector<int64_t>& device_ids() const { return devices_->ids; }
 
   bool contains(int64_t device_id) const;
   // Index of a device in device_ids() (row-major order); throws ValueError if it is not in the mesh.
@@ -61,13 +62,19 @@ class Mesh {
 
   std::string to_string() const;  // "Mesh(data=2, fsdp=4)"
   friend bool operator==(const Mesh& a, const Mesh& b) {
-    return a.axes_ == b.axes_ && a.devices_ == b.devices_;
+    return a.axes_ == b.axes_ && (a.devices_ == b.devices_ || a.devices_->ids == b.devices_->ids);
   }
 
  private:
+  // Shared between copies: every NamedSharding holds its Mesh, and an 8192-device abstract mesh
+  // must not be copied per parameter.
+  struct DeviceTable {
+    std::vector<int64_t> ids;
+    bool identity = false;                          // ids[i] == i: no map needed
+    std::unordered_map<int64_t, int64_t> position;  // device id -> row-major position otherwise
+  };
   std::vector<MeshAxis> axes_;
-  std::vector<int64_t> devices_;
-  std::unordered_map<int64_t, int64_t> position_;  // device id -> row-major position
+  std::shared_ptr<const DeviceTable> devices_;
 };
 
 }  // namespace tessel

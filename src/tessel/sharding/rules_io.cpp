@@ -6,17 +6,14 @@
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
 #include "tessel/detail/json_util.h"
+#include "tessel/detail/yaml_util.h"
 
 namespace tessel {
 namespace {
 
 // ---- YAML ----
 
-[[noreturn]] void yaml_fail(const std::string& source, const YAML::Node& at, const std::string& msg) {
-  YAML::Mark m = at.Mark();
-  if (m.is_null()) throw ParseError(source, 0, 0, msg);
-  throw ParseError(source, m.line + 1, m.column + 1, msg);
-}
+using yaml_util::fail;
 
 std::string yaml_kind(const YAML::Node& n) {
   switch (n.Type()) {
@@ -33,11 +30,11 @@ std::vector<std::string> yaml_axes(const std::string& source, const YAML::Node& 
   if (n.IsNull()) return axes;
   if (n.IsScalar()) return {n.Scalar()};
   if (!n.IsSequence())
-    yaml_fail(source, n, fmt::format("logical_axis_rules entry {}: mesh axes must be an axis name, "
+    fail(source, n, fmt::format("logical_axis_rules entry {}: mesh axes must be an axis name, "
                                      "a list of axis names or [], got a {}", entry, yaml_kind(n)));
   for (const YAML::Node& a : n) {
     if (!a.IsScalar())
-      yaml_fail(source, a, fmt::format("logical_axis_rules entry {}: mesh axis must be a name, got a {}",
+      fail(source, a, fmt::format("logical_axis_rules entry {}: mesh axis must be a name, got a {}",
                                        entry, yaml_kind(a)));
     axes.push_back(a.Scalar());
   }
@@ -50,7 +47,7 @@ YAML::Node yaml_rules_list(const YAML::Node& root, const std::string& source) {
   if (!root.IsMap()) return root;
   YAML::Node list = root["logical_axis_rules"];
   if (!list)
-    yaml_fail(source, root, "no 'logical_axis_rules' key; expected MaxText's format "
+    fail(source, root, "no 'logical_axis_rules' key; expected MaxText's format "
                             "logical_axis_rules: [[name, [mesh axes]], ...]");
   return list;
 }
@@ -61,10 +58,10 @@ std::vector<std::string> yaml_mesh_axes(const YAML::Node& root, const std::strin
   const YAML::Node m = root["mesh_axes"];
   if (!m || m.IsNull()) return mesh_axes;
   if (!m.IsSequence())
-    yaml_fail(source, m, fmt::format("mesh_axes must be a list of axis names, got a {}", yaml_kind(m)));
+    fail(source, m, fmt::format("mesh_axes must be a list of axis names, got a {}", yaml_kind(m)));
   for (const YAML::Node& a : m) {
     if (!a.IsScalar())
-      yaml_fail(source, a, fmt::format("mesh_axes entries must be axis names, got a {}", yaml_kind(a)));
+      fail(source, a, fmt::format("mesh_axes entries must be axis names, got a {}", yaml_kind(a)));
     mesh_axes.push_back(a.Scalar());
   }
   return mesh_axes;
@@ -74,17 +71,17 @@ LogicalRules rules_from_yaml(const YAML::Node& root, const std::string& source) 
   const YAML::Node list = yaml_rules_list(root, source);
   std::vector<std::string> mesh_axes = yaml_mesh_axes(root, source);
   if (!list.IsSequence())
-    yaml_fail(source, list, fmt::format("logical_axis_rules must be a list of [name, mesh axes] pairs, got a {}",
+    fail(source, list, fmt::format("logical_axis_rules must be a list of [name, mesh axes] pairs, got a {}",
                                         yaml_kind(list)));
   std::vector<LogicalRule> rules;
   size_t entry = 0;
   for (const YAML::Node& e : list) {
     if (!e.IsSequence() || e.size() != 2)
-      yaml_fail(source, e, fmt::format("logical_axis_rules entry {} must be a [logical_name, mesh_axes] "
+      fail(source, e, fmt::format("logical_axis_rules entry {} must be a [logical_name, mesh_axes] "
                                        "pair, got a {}{}", entry, yaml_kind(e),
                                        e.IsSequence() ? fmt::format(" of {} items", e.size()) : ""));
     if (!e[0].IsScalar())
-      yaml_fail(source, e[0], fmt::format("logical_axis_rules entry {}: logical name must be a string, got a {}",
+      fail(source, e[0], fmt::format("logical_axis_rules entry {}: logical name must be a string, got a {}",
                                           entry, yaml_kind(e[0])));
     LogicalRule rule{e[0].Scalar(), yaml_axes(source, e[1], entry), e.Mark().line + 1};
     rules.push_back(std::move(rule));
@@ -155,13 +152,7 @@ LogicalRules rules_from_json(const Json& root, const std::string& source) {
 }  // namespace
 
 LogicalRules parse_rules_yaml(std::string_view text, std::string source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(text));
-  } catch (const YAML::Exception& e) {
-    if (e.mark.is_null()) throw ParseError(source, 0, 0, "invalid YAML: " + e.msg);
-    throw ParseError(source, e.mark.line + 1, e.mark.column + 1, "invalid YAML: " + e.msg);
-  }
+  YAML::Node root = yaml_util::load(text, source);
   try {
     return rules_from_yaml(root, source);
   } catch (const YAML::Exception& e) {  // conversions inside yaml-cpp; should not happen

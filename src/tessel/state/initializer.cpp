@@ -3,13 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cerrno>
+#include <cstdlib>
 #include <functional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"
+#include "tessel/detail/text_util.h"
 #include "tessel/state/random.h"
 
 namespace tessel {
@@ -52,10 +56,14 @@ std::pair<double, double> compute_fans(const Shape& shape, const Fans& fans) {
   const size_t rank = shape.rank();
   Fans f = fans;
   if (f.in_axes.empty() && f.out_axes.empty()) {
-    if (rank < 1) return {1.0, 1.0};
-    if (rank == 1) return {static_cast<double>(shape[0]), static_cast<double>(shape[0])};
-    f.in_axes = {rank - 2};
-    f.out_axes = {rank - 1};
+    // JAX's defaults (in = -2, out = -1), taken among the dimensions that are not batch axes.
+    std::vector<size_t> rest;
+    for (size_t d = 0; d < rank; ++d)
+      if (std::find(f.batch_axes.begin(), f.batch_axes.end(), d) == f.batch_axes.end()) rest.push_back(d);
+    if (rest.empty()) return {1.0, 1.0};
+    if (rest.size() == 1) return {static_cast<double>(shape[rest[0]]), static_cast<double>(shape[rest[0]])};
+    f.in_axes = {rest[rest.size() - 2]};
+    f.out_axes = {rest.back()};
   }
   std::vector<int> role(rank, 0);  // 0 receptive field, 1 in, 2 out, 3 batch
   auto mark = [&](const std::vector<size_t>& axes, int r, const char* what) {
@@ -123,6 +131,103 @@ Initializer Initializer::by_name(std::string_view name) {
       "lecun_normal, lecun_uniform, he_normal, he_uniform, glorot_normal, glorot_uniform)", name));
 }
 
+namespace {
+
+using text_util::trim;
+
+// The arguments of "name(a, k=b, ...)", matched to `keys` by position or keyword.
+std::vector<std::string> call_arguments(std::string_view text, std::string_view args,
+                                        const std::vector<std::string_view>& keys) {
+  std::vector<std::string> values(keys.size());
+  std::vector<bool> given(keys.size(), false);
+  size_t position = 0;
+  bool keyword_seen = false;
+  while (!trim(args).empty()) {
+    size_t comma = args.find(',');
+    std::string_view item = trim(args.substr(0, comma));
+    args = comma == std::string_view::npos ? std::string_view() : args.substr(comma + 1);
+    size_t eq = item.find('=');
+    size_t slot = position;
+    if (eq != std::string_view::npos) {
+      std::string_view key = trim(item.substr(0, eq));
+      item = trim(item.substr(eq + 1));
+      auto it = std::find(keys.begin(), keys.end(), key);
+      if (it == keys.end())
+        throw ValueError(fmt::format("initializer '{}': unknown argument '{}' (known: {})", text, key,
+                                     fmt::join(keys, ", ")));
+      slot = static_cast<size_t>(it - keys.begin());
+      keyword_seen = true;
+    } else {
+      if (keyword_seen)
+        throw ValueError(fmt::format("initializer '{}': positional argument after a keyword", text));
+      ++position;
+    }
+    if (slot >= keys.size())
+      throw ValueError(fmt::format("initializer '{}': at most {} arguments", text, keys.size()));
+    if (item.empty()) throw ValueError(fmt::format("initializer '{}': empty argument", text));
+    if (given[slot]) throw ValueError(fmt::format("initializer '{}': '{}' given twice", text, keys[slot]));
+    given[slot] = true;
+    values[slot] = std::string(item);
+  }
+  return values;
+}
+
+double number_argument(std::string_view text, std::string_view key, const std::string& value, double fallback) {
+  if (value.empty()) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(value.c_str(), &end);
+  if (end != value.c_str() + value.size() || errno == ERANGE || !std::isfinite(v))
+    throw ValueError(fmt::format("initializer '{}': {} must be a finite number, got '{}'", text, key, value));
+  return v;
+}
+
+}  // namespace
+
+Initializer Initializer::parse(std::string_view text) {
+  std::string_view t = trim(text);
+  size_t open = t.find('(');
+  if (open == std::string_view::npos) return by_name(t);
+  if (t.back() != ')') throw ValueError(fmt::format("initializer '{}': missing ')'", text));
+  std::string_view name = trim(t.substr(0, open));
+  std::string_view args = t.substr(open + 1, t.size() - open - 2);
+  if (name == "normal") {
+    auto a = call_arguments(text, args, {"stddev"});
+    return normal(number_argument(text, "stddev", a[0], 1e-2));
+  }
+  if (name == "truncated_normal") {
+    auto a = call_arguments(text, args, {"stddev", "lower", "upper"});
+    return truncated_normal(number_argument(text, "stddev", a[0], 1e-2), number_argument(text, "lower", a[1], -2),
+                            number_argument(text, "upper", a[2], 2));
+  }
+  if (name == "uniform") {
+    auto a = call_arguments(text, args, {"scale"});
+    return uniform(number_argument(text, "scale", a[0], 1e-2));
+  }
+  if (name == "constant") {
+    auto a = call_arguments(text, args, {"value"});
+    if (a[0].empty()) throw ValueError(fmt::format("initializer '{}': constant needs a value", text));
+    return constant(number_argument(text, "value", a[0], 0));
+  }
+  if (name == "variance_scaling") {
+    auto a = call_arguments(text, args, {"scale", "mode", "distribution"});
+    FanMode mode = FanMode::kFanIn;
+    if (a[1] == "fan_out") mode = FanMode::kFanOut;
+    else if (a[1] == "fan_avg") mode = FanMode::kFanAvg;
+    else if (!a[1].empty() && a[1] != "fan_in")
+      throw ValueError(fmt::format("initializer '{}': mode must be fan_in, fan_out or fan_avg, got '{}'", text, a[1]));
+    Distribution dist = Distribution::kTruncatedNormal;
+    if (a[2] == "normal") dist = Distribution::kNormal;
+    else if (a[2] == "uniform") dist = Distribution::kUniform;
+    else if (!a[2].empty() && a[2] != "truncated_normal")
+      throw ValueError(fmt::format("initializer '{}': distribution must be truncated_normal, normal or uniform, "
+                                   "got '{}'", text, a[2]));
+    return variance_scaling(number_argument(text, "scale", a[0], 1.0), mode, dist);
+  }
+  if (trim(args).empty()) return by_name(name);
+  throw ValueError(fmt::format("initializer '{}': '{}' takes no arguments", text, name));
+}
+
 std::string Initializer::to_string() const {
   switch (kind_) {
     case Kind::kZeros: return "zeros";
@@ -132,7 +237,8 @@ std::string Initializer::to_string() const {
     case Kind::kTruncatedNormal: return fmt::format("truncated_normal(stddev={}, lower={}, upper={})", a_, b_, c_);
     case Kind::kUniform: return fmt::format("uniform(scale={})", a_);
     case Kind::kVarianceScaling:
-      return fmt::format("variance_scaling(scale={}, {}, {})", a_, mode_name(mode_), distribution_name(distribution_));
+      return fmt::format("variance_scaling(scale={}, mode={}, distribution={})", a_, mode_name(mode_),
+                         distribution_name(distribution_));
   }
   return "?";
 }

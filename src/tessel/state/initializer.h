@@ -32,7 +32,8 @@ struct Fans {
 };
 
 // fan_in and fan_out of `shape` as JAX's _compute_fans. Throws ValueError for an axis out of
-// range or used twice. Default fans (none declared): in = dim -2, out = dim -1.
+// range or used twice. Default fans (no in or out axes declared): in = dim -2, out = dim -1 among
+// the dimensions that are not batch axes.
 std::pair<double, double> compute_fans(const Shape& shape, const Fans& fans);
 
 class Initializer {
@@ -56,9 +57,13 @@ class Initializer {
   // By name: "zeros", "ones", "normal", "truncated_normal", "uniform", "lecun_normal", ... (the
   // JAX names). Throws ValueError naming the known ones.
   static Initializer by_name(std::string_view name);
+  // A name as by_name(), or a call with arguments as to_string() prints them: "normal(1.0)",
+  // "truncated_normal(0.02)", "uniform(0.1)", "constant(0.5)",
+  // "variance_scaling(2.0, fan_in, truncated_normal)". Throws ValueError naming the text.
+  static Initializer parse(std::string_view text);
 
   Kind kind() const { return kind_; }
-  std::string to_string() const;  // "variance_scaling(scale=2, fan_in, truncated_normal)"
+  std::string to_string() const;  // "variance_scaling(scale=2, mode=fan_in, distribution=truncated_normal)"
 
   // Writes the elements of `box` of a parameter of `shape` into `out` (row-major, `dtype`).
   // Float dtypes only, except zeros/ones/constant which fill any dtype. Throws ValueError.

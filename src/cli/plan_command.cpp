@@ -1,0 +1,102 @@
+// tessel plan: the memory plan of a model on a mesh under logical axis rules, from eval_shape
+// alone (the mesh may be far larger than this machine: nothing is allocated).
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
+#include "tessel/sharding/rules_io.h"
+#include "tessel/state/init.h"
+#include "tessel/state/model_config.h"
+#include "tessel/state/plan.h"
+
+namespace tessel::cli {
+namespace {
+
+struct PlanArgs {
+  std::string model, mesh, rules, optimizer = "none", replica_axes = "data,diloco";
+  bool gradients = false, json = false, list_params = false, check = false;
+  bool remove_size_one = false, drop_indivisible = false, strict = false;
+  double tolerance = 0.02;
+  size_t top = 10;
+};
+
+std::string params_table(const MemoryPlan& p) {
+  std::string out = fmt::format("\n{:<60} {:<22} {:>12} {:>12}  {}\n", "parameter", "type", "bytes", "per device",
+                                "sharding");
+  for (const ParamPlan& q : p.params)
+    out += fmt::format("{:<60} {:<22} {:>12} {:>12}  {}\n", q.path, type_string(q.dtype, q.shape),
+                       text_util::format_bytes(q.bytes), text_util::format_bytes(q.max_device_bytes),
+                       q.spec.to_string());
+  return out;
+}
+
+void run(const PlanArgs& a) {
+  LogicalRules rules = load_rules(a.rules);
+  Mesh mesh = Mesh::parse(a.mesh, rules.mesh_axes());
+  Module model = load_model_config(a.model).build();
+  PlanOptions options;
+  options.optimizer = parse_optimizer(a.optimizer);
+  options.gradients = a.gradients;
+  options.replica_axes.clear();
+  for (std::string_view axis : text_util::split_commas(a.replica_axes))
+    if (!axis.empty()) options.replica_axes.emplace_back(axis);
+  options.tolerance = a.tolerance;
+  options.top = a.top;
+
+  State abstract = eval_shape(model, mesh, rules, {a.remove_size_one, a.drop_indivisible, a.strict});
+  MemoryPlan p = plan(abstract, options);
+  std::string text = a.json ? p.to_json() : p.to_string() + (a.list_params ? params_table(p) : "");
+  std::cout << text;
+  std::cout.flush();
+  if (!std::cout) throw IoError("cannot write to standard output");
+  if (a.check && !p.sufficiently_sharded)
+    throw ShardingError(fmt::format("parameters are not sufficiently sharded: {:.2f}% of parameter bytes are not "
+                                    "sharded on every weight axis (tolerance {:.2f}%)",
+                                    100 * p.unsharded_fraction, 100 * a.tolerance));
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Memory plan of a model on a mesh, from eval_shape (no allocation; any mesh size).\n"
+      "  tessel plan --model examples/models/transformer.yml --mesh data=2,fsdp=2,tensor=2 \\\n"
+      "      --rules rules.yml --optimizer adamw\n"
+      "  prints bytes per device (max/min/mean), the largest replicated parameters and MaxText's\n"
+      "  sufficiently-sharded check; --json for machines, --params for every parameter.");
+  cmd->add_option("--model", args->model, "Model config (YAML: model: transformer | dot_relu_dot, sizes)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--mesh", args->mesh, "Mesh axes and sizes, e.g. data=16,fsdp=64,tensor=8")->required();
+  cmd->add_option("--rules", args->rules, "Logical axis rules: MaxText YAML (logical_axis_rules, mesh_axes) or JSON")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--optimizer", args->optimizer, "none, sgd (momentum) or adamw; implies gradients")
+      ->check(CLI::IsMember({"none", "sgd", "sgd_momentum", "adamw"}));
+  cmd->add_flag("--gradients", args->gradients, "Count one gradient per parameter");
+  cmd->add_flag("--remove-size-one-axes", args->remove_size_one, "Drop mesh axes of size 1 (MaxText)");
+  cmd->add_flag("--drop-indivisible", args->drop_indivisible,
+                "Drop mesh axes whose product does not divide the dimension");
+  cmd->add_flag("--strict", args->strict, "Fail on a named dimension left unsharded (blocked or without a rule)");
+  cmd->add_option("--replica-axes", args->replica_axes,
+                  "Mesh axes parameters are replicated on by design (data parallelism); comma list")
+      ->capture_default_str();
+  cmd->add_option("--tolerance", args->tolerance, "Sufficiently-sharded tolerance (share of parameter bytes)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--top", args->top, "How many replicated parameters and offenders to list")->capture_default_str();
+  cmd->add_flag("--check", args->check, "Exit with an error when the parameters are not sufficiently sharded");
+  cmd->add_flag("--params", args->list_params, "Also list every parameter with its sharding");
+  cmd->add_flag("--json", args->json, "Print JSON instead of tables");
+  cmd->callback([args]() { run(*args); });
+}
+
+}  // namespace tessel::cli
