@@ -8,6 +8,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"
+#include "tessel/state/detail/sampling.h"
 #include "tessel/state/random.h"
 
 namespace tessel {
@@ -30,6 +31,55 @@ TEST(Philox, KeysDependOnSeedAndPath) {
   EXPECT_NE(parameter_key(0, "a/b"), parameter_key(1, "a/b"));
   EXPECT_NE(parameter_key(0, "a/b"), parameter_key(0, "a/c"));
   EXPECT_NE(parameter_key(uint64_t{1} << 32, "a/b"), parameter_key(0, "a/b"));
+}
+
+TEST(Philox, BatchedWordsAreTheScalarBlocksWordByWord) {
+  const PhiloxKey key = parameter_key(9, "k");
+  for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{255}, uint64_t{1} << 34}) {
+    std::vector<uint32_t> words(1000);
+    detail::random_words(key, first, words.size(), words.data());
+    for (size_t j = 0; j < words.size(); ++j) {
+      uint64_t i = first + j;
+      PhiloxCounter block = philox4x32_10({static_cast<uint32_t>(i / 4), static_cast<uint32_t>(i / 4 >> 32), 0, 0}, key);
+      ASSERT_EQ(words[j], block[i % 4]) << "element " << i;
+    }
+  }
+}
+
+}  // namespace
+namespace testing {  // tests/state/sampling_baseline.cpp
+void baseline_sample_f32(const PhiloxKey& key, uint64_t first, size_t n, const detail::SampleSpec& spec, float* out);
+}
+namespace {
+
+TEST(Sampling, EveryInstructionSetGivesTheSameBits) {
+  const PhiloxKey key = parameter_key(4, "isa");
+  using K = detail::SampleSpec::Kind;
+  std::vector<detail::SampleSpec> specs = {
+      {K::kUniform, 0, 1, 1},
+      {K::kUniform, -1, 1, 0.3f},
+      {K::kErfinv, std::nextafter(-1.0f, 0.0f), 1, 1},
+      {K::kErfinv, static_cast<float>(std::erf(-2 / std::sqrt(2.0))), static_cast<float>(std::erf(2 / std::sqrt(2.0))),
+       0.7f, std::nextafter(-2.0f, 0.0f), std::nextafter(2.0f, 0.0f)}};
+  for (const auto& spec : specs)
+    for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 33}) {
+      const size_t n = 100003;
+      std::vector<float> fast(n), base(n);
+      detail::sample_f32(key, first, n, spec, fast.data());
+      testing::baseline_sample_f32(key, first, n, spec, base.data());
+      for (size_t j = 0; j < n; ++j)
+        ASSERT_EQ(std::bit_cast<uint32_t>(fast[j]), std::bit_cast<uint32_t>(base[j])) << "element " << first + j;
+    }
+}
+
+TEST(Sampling, ErfinvInvertsErf) {
+  for (double y = -2.5; y <= 2.5; y += 1e-3) {
+    float x = static_cast<float>(std::erf(y));
+    EXPECT_NEAR(detail::erfinv_f32(x), y, 2e-4 * std::max(1.0, std::fabs(y) * 10)) << y;
+  }
+  EXPECT_EQ(detail::erfinv_f32(0.0f), 0.0f);
+  EXPECT_TRUE(std::isfinite(detail::erfinv_f32(std::nextafter(1.0f, 0.0f))));
+  EXPECT_TRUE(std::isfinite(detail::erfinv_f32(std::nextafter(-1.0f, 0.0f))));
 }
 
 std::vector<float> fill_f32(const Initializer& init, uint64_t seed, const std::string& path,

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <cerrno>
 #include <cstdlib>
-#include <functional>
+#include <numbers>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,6 +14,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"
 #include "tessel/detail/text_util.h"
+#include "tessel/state/detail/sampling.h"
 #include "tessel/state/random.h"
 
 namespace tessel {
@@ -30,6 +31,19 @@ void store(DType dtype, double v, std::byte* out) {
     case DType::kF16: { uint16_t h = f32_to_f16(static_cast<float>(v)); std::memcpy(out, &h, 2); return; }
     default: break;
   }
+}
+
+// Every element of `out` set to `value` in `dtype` (integers truncate, bool is value != 0).
+void fill_constant(DType dtype, double value, std::span<std::byte> out) {
+  const size_t item = item_size(dtype);
+  std::byte one[8] = {};
+  if (is_floating(dtype)) {
+    store(dtype, value, one);
+  } else {
+    int64_t v = dtype == DType::kBool ? value != 0 : static_cast<int64_t>(value);
+    std::memcpy(one, &v, item);  // little endian: the low bytes
+  }
+  for (size_t k = 0; k < out.size(); k += item) std::memcpy(out.data() + k, one, item);
 }
 
 std::string_view mode_name(FanMode m) {
@@ -256,18 +270,58 @@ void Initializer::fill(uint64_t seed, std::string_view path, const Shape& shape,
     throw ValueError(fmt::format("{}: {} initializer needs a float dtype, not {}", path, to_string(), name(dtype)));
   if (box.empty()) return;
 
-  // The sampler of one element, given its global row-major index.
+  if (constant) {
+    fill_constant(dtype, a_, out);
+    return;
+  }
+  const detail::SampleSpec spec = sample_spec(shape, fans, path);
   const PhiloxKey key = parameter_key(seed, path);
-  std::function<double(uint64_t)> sample;
+  // Walk the box row by row; the global index of each element is its offset in the full shape.
+  // f32 is sampled in place; other float types through a small f32 staging buffer.
+  constexpr int64_t kStage = 1024;
+  float stage[kStage];
+  const Box full = Box::full(shape);
+  for_each_run(box, full, box, [&](int64_t global, int64_t local, int64_t count) {
+    if (dtype == DType::kF32) {
+      auto* dst = reinterpret_cast<float*>(out.data()) + local;
+      detail::sample_f32(key, static_cast<uint64_t>(global), static_cast<size_t>(count), spec, dst);
+      return;
+    }
+    for (int64_t done = 0; done < count; done += kStage) {
+      const int64_t m = std::min(kStage, count - done);
+      detail::sample_f32(key, static_cast<uint64_t>(global + done), static_cast<size_t>(m), spec, stage);
+      std::byte* dst = out.data() + (local + done) * static_cast<int64_t>(item);
+      for (int64_t j = 0; j < m; ++j) store(dtype, stage[j], dst + j * static_cast<int64_t>(item));
+    }
+  });
+}
+
+detail::SampleSpec Initializer::sample_spec(const Shape& shape, const Fans& fans, std::string_view path) const {
+  using detail::SampleSpec;
+  auto normal = [](double stddev) {
+    SampleSpec s{.kind = SampleSpec::Kind::kErfinv, .lo = std::nextafter(-1.0f, 0.0f), .hi = 1.0f,
+                 .scale = static_cast<float>(stddev)};
+    return s;
+  };
+  // A standard normal conditioned on [lower, upper]: erfinv of a uniform between the bounds' CDF
+  // values (JAX's method), clamped strictly inside the bounds.
+  auto truncated = [](double stddev, double lower, double upper) {
+    SampleSpec s{.kind = SampleSpec::Kind::kErfinv,
+                 .lo = static_cast<float>(std::erf(lower / std::numbers::sqrt2)),
+                 .hi = static_cast<float>(std::erf(upper / std::numbers::sqrt2)),
+                 .scale = static_cast<float>(stddev),
+                 .clamp_lo = std::nextafter(static_cast<float>(lower), INFINITY),
+                 .clamp_hi = std::nextafter(static_cast<float>(upper), -INFINITY)};
+    return s;
+  };
+  auto uniform = [](double lo, double hi, double scale) {
+    return SampleSpec{.kind = SampleSpec::Kind::kUniform, .lo = static_cast<float>(lo),
+                      .hi = static_cast<float>(hi), .scale = static_cast<float>(scale)};
+  };
   switch (kind_) {
-    case Kind::kZeros:
-    case Kind::kOnes:
-    case Kind::kConstant: sample = [v = a_](uint64_t) { return v; }; break;
-    case Kind::kNormal: sample = [&, s = a_](uint64_t i) { return s * standard_normal(key, i); }; break;
-    case Kind::kTruncatedNormal:
-      sample = [&, s = a_, lo = b_, hi = c_](uint64_t i) { return s * truncated_standard_normal(key, i, lo, hi); };
-      break;
-    case Kind::kUniform: sample = [&, s = a_](uint64_t i) { return s * uniform01(key, i); }; break;
+    case Kind::kNormal: return normal(a_);
+    case Kind::kTruncatedNormal: return truncated(a_, b_, c_);
+    case Kind::kUniform: return uniform(0, 1, a_);
     case Kind::kVarianceScaling: {
       auto [fan_in, fan_out] = compute_fans(shape, fans);
       double n = mode_ == FanMode::kFanIn ? fan_in : mode_ == FanMode::kFanOut ? fan_out : (fan_in + fan_out) / 2;
@@ -275,36 +329,15 @@ void Initializer::fill(uint64_t seed, std::string_view path, const Shape& shape,
         throw ValueError(fmt::format("{}: variance_scaling over an empty fan (shape {})", path, shape.to_string()));
       double variance = a_ / n;
       switch (distribution_) {
-        case Distribution::kTruncatedNormal:
-          sample = [&, s = std::sqrt(variance) / kTruncatedStd](uint64_t i) {
-            return s * truncated_standard_normal(key, i, -2.0, 2.0);
-          };
-          break;
-        case Distribution::kNormal:
-          sample = [&, s = std::sqrt(variance)](uint64_t i) { return s * standard_normal(key, i); };
-          break;
-        case Distribution::kUniform:
-          sample = [&, l = std::sqrt(3 * variance)](uint64_t i) { return l * (2 * uniform01(key, i) - 1); };
-          break;
+        case Distribution::kTruncatedNormal: return truncated(std::sqrt(variance) / kTruncatedStd, -2.0, 2.0);
+        case Distribution::kNormal: return normal(std::sqrt(variance));
+        case Distribution::kUniform: return uniform(-1, 1, std::sqrt(3 * variance));
       }
       break;
     }
+    default: break;
   }
-
-  if (constant && !is_floating(dtype)) {  // integers and bool: the value converted once
-    std::vector<std::byte> one(item);
-    auto v = static_cast<int64_t>(a_);
-    if (dtype == DType::kBool) v = a_ != 0;
-    std::memcpy(one.data(), &v, item);  // little endian: the low bytes
-    for (size_t k = 0; k < out.size(); k += item) std::memcpy(out.data() + k, one.data(), item);
-    return;
-  }
-  // Walk the box row by row; the global index of each element is its offset in the full shape.
-  const Box full = Box::full(shape);
-  for_each_run(box, full, box, [&](int64_t global, int64_t local, int64_t count) {
-    for (int64_t j = 0; j < count; ++j)
-      store(dtype, sample(static_cast<uint64_t>(global + j)), out.data() + (local + j) * static_cast<int64_t>(item));
-  });
+  throw ValueError(fmt::format("{}: {} has no sampler", path, to_string()));
 }
 
 }  // namespace tessel

@@ -19,6 +19,9 @@
 #include "tessel/core/shape.h"
 
 namespace tessel {
+namespace detail {
+struct SampleSpec;
+}
 
 enum class FanMode { kFanIn, kFanOut, kFanAvg };
 enum class Distribution { kTruncatedNormal, kNormal, kUniform };
@@ -67,10 +70,12 @@ class Initializer {
 
   // Writes the elements of `box` of a parameter of `shape` into `out` (row-major, `dtype`).
   // Float dtypes only, except zeros/ones/constant which fill any dtype. Throws ValueError.
+  // Samples are computed in f32 (JAX's default) and rounded to bf16/f16 or widened to f64.
   void fill(uint64_t seed, std::string_view path, const Shape& shape, DType dtype,
             const Fans& fans, const Box& box, std::span<std::byte> out) const;
 
  private:
+  detail::SampleSpec sample_spec(const Shape& shape, const Fans& fans, std::string_view path) const;
   Initializer(Kind kind, double a, double b = 0, double c = 0) : kind_(kind), a_(a), b_(b), c_(c) {}
   Kind kind_;
   double a_, b_, c_;  // kind-specific: value / stddev / scale, lower, upper

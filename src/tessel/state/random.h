@@ -2,9 +2,11 @@
 // a key and a counter, so every device can generate any element of a parameter on its own, in any
 // order, and get the same bits on any mesh. A parameter's key comes from (seed, path).
 //
+// Element i of a parameter takes word i % 4 of the block philox4x32_10({i / 4, 0}, key); the
+// initializers turn that word into a sample (see initializer.h).
+//
 //   tessel::PhiloxKey key = tessel::parameter_key(/*seed=*/0, "decoder/layers/3/mlp/wi/kernel");
-//   double u = tessel::uniform01(key, /*element=*/12345);     // in [0, 1)
-//   double z = tessel::standard_normal(key, 12345);
+//   tessel::PhiloxCounter block = tessel::philox4x32_10({12345 / 4, 0, 0, 0}, key);
 #pragma once
 
 #include <array>
@@ -21,17 +23,5 @@ PhiloxCounter philox4x32_10(PhiloxCounter counter, PhiloxKey key);
 
 // The key of one parameter: the path's 64-bit FNV-1a hash encrypted under the seed.
 PhiloxKey parameter_key(uint64_t seed, std::string_view path);
-
-// The four words for element `index`, draw `draw` (draws > 0 serve rejection sampling).
-inline PhiloxCounter element_bits(const PhiloxKey& key, uint64_t index, uint32_t draw = 0) {
-  return philox4x32_10({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), draw, 0}, key);
-}
-
-// In [0, 1), 53 random bits.
-double uniform01(const PhiloxKey& key, uint64_t index, uint32_t draw = 0);
-// Box-Muller over two 53-bit uniforms.
-double standard_normal(const PhiloxKey& key, uint64_t index, uint32_t draw = 0);
-// Standard normal conditioned on [lower, upper] (rejection; each draw is its own counter).
-double truncated_standard_normal(const PhiloxKey& key, uint64_t index, double lower, double upper);
 
 }  // namespace tessel
