@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (ASan + UBSan) and fuzzes each for SECONDS (default 60).
+# Builds the libFuzzer targets with clang (ASan + UBSan) and fuzzes each for SECONDS (default 60):
+# the sharding parsers (rules, dumps, specs, meshes) and the model config parser.
 # Usage: scripts/fuzz.sh [SECONDS]. Findings land in build-fuzz/findings/; the script fails on one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,9 +11,14 @@ CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTES
   -DTESSEL_BUILD_TESTS=OFF -DTESSEL_BUILD_BENCH=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target fuzz_sharding_parsers
-mkdir -p "$build/corpus" "$build/findings"
-cp -n "$root"/fuzz/corpus/* "$build/corpus/" 2>/dev/null || true
-# 4 MB inputs at most; 10 s per input at most (a hang is a finding); 2 GB RSS at most.
-"$build/fuzz/fuzz_sharding_parsers" "$build/corpus" -max_total_time="$seconds" -max_len=4096 \
-  -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/findings/" -print_final_stats=1 2>&1 | tail -n 15
+cmake --build "$build" -j"$(nproc)" --target fuzz_sharding_parsers fuzz_model_config
+mkdir -p "$build/findings"
+# target:seed corpus. 4 KB inputs at most; 10 s per input at most (a hang is a finding); 2 GB RSS.
+for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model; do
+  target=${pair%%:*} corpus=${pair##*:}
+  mkdir -p "$build/$corpus"
+  cp -n "$root/fuzz/$corpus"/* "$build/$corpus/" 2>/dev/null || true
+  echo "== $target, $seconds s"
+  "$build/fuzz/$target" "$build/$corpus" -max_total_time="$seconds" -max_len=4096 \
+    -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/findings/$target-" -print_final_stats=1 2>&1 | tail -n 15
+done

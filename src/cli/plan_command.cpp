@@ -1,6 +1,9 @@
 // tessel plan: the memory plan of a model on a mesh under logical axis rules, from eval_shape
 // alone (the mesh may be far larger than this machine: nothing is allocated).
+#include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +13,7 @@
 #include "cli/commands.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
+#include "tessel/runtime/device.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/init.h"
 #include "tessel/state/model_config.h"
@@ -24,7 +28,33 @@ struct PlanArgs {
   bool remove_size_one = false, drop_indivisible = false, strict = false;
   double tolerance = 0.02;
   size_t top = 10;
+  std::optional<uint64_t> init_seed;
+  RuntimeArgs runtime;
 };
+
+// Initializes the model for real on virtual devices and sets each device's peak against the
+// plan: the proof that nothing bigger than a device's own blocks was ever allocated.
+std::string init_report(const PlanArgs& a, const Module& model, const Mesh& mesh, const LogicalRules& rules,
+                        const ResolveOptions& options, const MemoryPlan& p) {
+  Runtime rt = make_runtime(a.runtime);
+  auto t0 = std::chrono::steady_clock::now();
+  State state = init(rt, model, *a.init_seed, mesh, rules, options);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::string out = fmt::format("\ninit (seed {}): {} parameters, {} on {} devices in {:.1f} ms\n", *a.init_seed,
+                                state.size(), text_util::format_bytes(state.nbytes()), mesh.device_count(), ms);
+  out += fmt::format("{:>8} {:>14} {:>14}\n", "device", "peak", "planned");
+  bool all_equal = true;
+  for (int64_t d : mesh.device_ids()) {
+    int64_t peak = rt.device(d).memory_stats().peak;
+    int64_t want = p.params_by_device[static_cast<size_t>(mesh.position(d))];
+    all_equal = all_equal && peak == want;
+    out += fmt::format("{:>8} {:>14} {:>14}{}\n", d, text_util::format_bytes(peak), text_util::format_bytes(want),
+                       peak == want ? "" : "  <- differs");
+  }
+  if (!all_equal) throw Error("a device's peak during init differs from the plan (a bug: please report it)");
+  out += "every device's peak equals its planned bytes\n";
+  return out;
+}
 
 std::string params_table(const MemoryPlan& p) {
   std::string out = fmt::format("\n{:<60} {:<22} {:>12} {:>12}  {}\n", "parameter", "type", "bytes", "per device",
@@ -49,9 +79,14 @@ void run(const PlanArgs& a) {
   options.tolerance = a.tolerance;
   options.top = a.top;
 
-  State abstract = eval_shape(model, mesh, rules, {a.remove_size_one, a.drop_indivisible, a.strict});
+  const ResolveOptions resolve{a.remove_size_one, a.drop_indivisible, a.strict};
+  State abstract = eval_shape(model, mesh, rules, resolve);
   MemoryPlan p = plan(abstract, options);
   std::string text = a.json ? p.to_json() : p.to_string() + (a.list_params ? params_table(p) : "");
+  if (a.init_seed) {
+    if (a.json) throw ValueError("--init prints a table; leave out --json");
+    text += init_report(a, model, mesh, rules, resolve, p);
+  }
   std::cout << text;
   std::cout.flush();
   if (!std::cout) throw IoError("cannot write to standard output");
@@ -96,6 +131,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--check", args->check, "Exit with an error when the parameters are not sufficiently sharded");
   cmd->add_flag("--params", args->list_params, "Also list every parameter with its sharding");
   cmd->add_flag("--json", args->json, "Print JSON instead of tables");
+  cmd->add_option("--init", args->init_seed,
+                  "Also initialize the model with this seed on virtual devices and compare each device's "
+                  "peak memory with the plan");
+  add_runtime_options(cmd, args->runtime);
   cmd->callback([args]() { run(*args); });
 }
 

@@ -24,6 +24,20 @@ TEST(PlanCli, PrintsBytesPerDeviceReplicatedParametersAndTheShardingCheck) {
   EXPECT_THAT(r.out, HasSubstr("PartitionSpec('fsdp', None, 'tensor')"));  // --params: mlp/wi/kernel
 }
 
+TEST(PlanCli, InitOnVirtualDevicesMatchesThePlanPerDevice) {
+  Result r = run("plan --model " + kModels + "transformer.yml --mesh data=2,fsdp=2,tensor=2 --rules " + kModels +
+                 "rules.yml --init 3 --devices 8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("init (seed 3): 11 parameters, 11.51 MiB on 8 devices"));
+  EXPECT_THAT(r.out, HasSubstr("every device's peak equals its planned bytes"));
+  expect_one_line_error(run("plan --model " + kModels + "transformer.yml --mesh fsdp=4 --rules " + kModels +
+                            "rules.yml --init 0 --devices 2"),
+                        1, "uses device 2, but the runtime has devices 0 to 1");
+  expect_one_line_error(run("plan --model " + kModels + "transformer.yml --mesh fsdp=4 --rules " + kModels +
+                            "rules.yml --init 0 --devices 4 --device-memory 1MiB"),
+                        1, "out of memory");
+}
+
 TEST(PlanCli, Plans405BOnAn8192DeviceMeshWithBaseYml) {
   Result r = run("plan --model " + kModels + "llama3.1-405b.yml --mesh data=16,fsdp=64,tensor=8 --rules " + kBase +
                  " --remove-size-one-axes --optimizer adamw --json");

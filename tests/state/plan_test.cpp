@@ -103,6 +103,17 @@ TEST(Plan, RejectsUnplacedVariablesAndMixedMeshes) {
   EXPECT_THROW(plan(s, {.tolerance = 2}), ValueError);
 }
 
+TEST(Plan, AbsurdSizesFailInsteadOfWrappingAround) {
+  // A fuzzer finding: each parameter fits in int64 bytes, their sum does not.
+  TransformerConfig c{.embed = int64_t{910064704}, .heads = 4, .mlp = 1};
+  c.vocab = 1;
+  EXPECT_THAT([&] { plan(eval_shape(transformer_lm(c), Mesh::parse("fsdp=1,tensor=1"), rules())); },
+              ThrowsMessage<ValueError>(HasSubstr("exceed 2^63")));
+  Module m("m");
+  EXPECT_THAT([&] { m.param({.name = "w", .shape = {int64_t{1} << 31, int64_t{1} << 31}, .dtype = DType::kF64}); },
+              ThrowsMessage<ValueError>(HasSubstr("more than 2^63 bytes")));
+}
+
 TEST(Plan, ScalesToA405BModelOn8192Devices) {
   TransformerConfig c{.vocab = 128256, .embed = 16384, .layers = 126, .heads = 128, .kv_heads = 8,
                       .head_dim = 128, .mlp = 53248, .gated_mlp = true, .dtype = DType::kBF16};

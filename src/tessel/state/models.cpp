@@ -89,6 +89,10 @@ void validate(const TransformerConfig& c) {
                                  "(head_dim = embed / heads)", c.heads, c.embed));
   if (c.heads % c.resolved_kv_heads() != 0)
     throw ValueError(fmt::format("transformer: kv_heads ({}) must divide heads ({})", c.resolved_kv_heads(), c.heads));
+  // Unstacked layers are one Module each; past this many, stacking is the only sensible layout.
+  if (!c.scan_layers && c.layers > 10000)
+    throw ValueError(fmt::format("transformer: {} unstacked layers; at most 10000 without scan_layers "
+                                 "(use scan_layers: true)", c.layers));
   if (c.scan_axis < 0 || c.scan_axis > 3)
     throw ValueError(fmt::format("transformer: scan_axis must be in [0, 3], got {}", c.scan_axis));
 }

@@ -49,7 +49,8 @@ struct TransformerConfig {
 };
 
 // Both throw ValueError naming the field for a non-positive size, heads not dividing embed (when
-// head_dim is not given), kv_heads not dividing heads, or a scan axis out of range.
+// head_dim is not given), kv_heads not dividing heads, a scan axis out of range, or more than
+// 10000 unstacked layers.
 void validate(const DotReluDotConfig& config);
 void validate(const TransformerConfig& config);
 

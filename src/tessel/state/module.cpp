@@ -37,7 +37,10 @@ Module& Module::param(ParamDecl decl) {
   if (p.mesh_axes && p.mesh_axes->size() > decl.shape.rank())
     throw ValueError(fmt::format("{}: mesh axes {} do not fit shape {}", where, p.mesh_axes->to_string(),
                                  decl.shape.to_string()));
-  decl.shape.num_elements();  // throws on overflow
+  int64_t bytes = 0;  // num_elements() throws on overflow itself
+  if (__builtin_mul_overflow(decl.shape.num_elements(), static_cast<int64_t>(item_size(decl.dtype)), &bytes))
+    throw ValueError(fmt::format("{}: {} of shape {} has more than 2^63 bytes", where, tessel::name(decl.dtype),
+                                 decl.shape.to_string()));
   compute_fans(decl.shape, decl.fans);  // checks the fan axes
   params_.push_back(std::move(decl));
   return *this;

@@ -15,6 +15,21 @@ namespace {
 
 using text_util::format_bytes;
 
+// Byte counts of absurd models (a fuzzer's, or a typo's) must fail cleanly, not wrap around.
+int64_t add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r))
+    throw ValueError("plan: the byte counts exceed 2^63 (check the model's sizes)");
+  return r;
+}
+
+int64_t mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r))
+    throw ValueError("plan: the byte counts exceed 2^63 (check the model's sizes)");
+  return r;
+}
+
 // Elements per device (by mesh position) of one (shape, sharding), from its distinct blocks.
 struct Layout {
   std::vector<int64_t> elements;
@@ -38,7 +53,7 @@ BytesSummary summarize(const std::vector<int64_t>& per_device) {
 }
 
 BytesSummary scaled(const BytesSummary& s, int64_t k) {
-  return {s.max * k, s.min * k, s.mean * static_cast<double>(k), s.max_device};
+  return {mul(s.max, k), mul(s.min, k), s.mean * static_cast<double>(k), s.max_device};
 }
 
 int64_t moments(Optimizer o) { return o == Optimizer::kAdamW ? 2 : o == Optimizer::kSgdMomentum ? 1 : 0; }
@@ -100,25 +115,27 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
       layout.copies = blocks.empty() ? 1 : static_cast<int64_t>(blocks.front().devices.size());
     }
     const auto item = static_cast<int64_t>(item_size(v.dtype()));
-    layout.bytes_per_element += item;
+    layout.bytes_per_element = add(layout.bytes_per_element, item);
     layout_of.push_back(key);
 
     ParamPlan pp{.path = path, .kind = v.kind(), .shape = v.shape(), .dtype = v.dtype(),
-                 .spec = sharding.spec(), .bytes = v.nbytes(), .max_device_bytes = layout.max_block * item,
+                 .spec = sharding.spec(), .bytes = v.nbytes(), .max_device_bytes = mul(layout.max_block, item),
                  .copies = layout.copies, .unsharded_axes = {}};
     std::vector<std::string> used = sharding.spec().used_axes();
     for (const std::string& a : p.weight_axes)
       if (std::find(used.begin(), used.end(), a) == used.end()) pp.unsharded_axes.push_back(a);
-    p.param_count += v.size();
-    p.param_bytes += pp.bytes;
+    p.param_count = add(p.param_count, v.size());
+    p.param_bytes = add(p.param_bytes, pp.bytes);
     p.params.push_back(std::move(pp));
   }
 
   // Bytes per device: each layout's element counts times the bytes per element of its users.
   std::vector<int64_t> per_device(static_cast<size_t>(p.device_count), 0);
   for (const auto& [key, layout] : layouts)
-    for (size_t d = 0; d < per_device.size(); ++d) per_device[d] += layout.elements[d] * layout.bytes_per_element;
+    for (size_t d = 0; d < per_device.size(); ++d)
+      per_device[d] = add(per_device[d], mul(layout.elements[d], layout.bytes_per_element));
   p.params_per_device = summarize(per_device);
+  p.params_by_device = per_device;
   const bool gradients = options.gradients || options.optimizer != Optimizer::kNone;
   p.gradients_per_device = scaled(p.params_per_device, gradients ? 1 : 0);
   p.optimizer_per_device = scaled(p.params_per_device, moments(options.optimizer));
@@ -131,7 +148,7 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
     if (p.params[i].copies == p.device_count && p.device_count > 1) p.largest_replicated.push_back(i);
     if (!p.params[i].unsharded_axes.empty()) {
       p.offenders.push_back(i);
-      p.unsharded_bytes += p.params[i].bytes;
+      p.unsharded_bytes = add(p.unsharded_bytes, p.params[i].bytes);
     }
   }
   std::sort(p.largest_replicated.begin(), p.largest_replicated.end(), by_bytes);

@@ -61,6 +61,7 @@ struct MemoryPlan {
   int64_t param_count = 0;  // elements
   int64_t param_bytes = 0;  // global
   std::vector<ParamPlan> params;  // State order
+  std::vector<int64_t> params_by_device;  // parameter bytes per device, in mesh order (device_ids())
   BytesSummary params_per_device, gradients_per_device, optimizer_per_device, total;
   std::vector<size_t> largest_replicated;  // indices into params: held whole by every device, largest first
   // Sufficiently sharded (MaxText's check, counted in bytes on both sides of the ratio).

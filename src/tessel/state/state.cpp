@@ -166,7 +166,9 @@ State State::merge(const std::vector<State>& parts) {
 
 int64_t State::nbytes() const {
   int64_t total = 0;
-  for (const auto& [p, v] : vars_) total += v.nbytes();
+  for (const auto& [p, v] : vars_)
+    if (__builtin_add_overflow(total, v.nbytes(), &total))
+      throw ValueError("the state's variables hold more than 2^63 bytes in all");
   return total;
 }
 

@@ -15,6 +15,9 @@ Variable::Variable(std::string kind, Shape shape, DType dtype, std::optional<Nam
       array_(std::move(array)),
       partitioning_(std::move(partitioning)) {
   if (kind_.empty()) throw ValueError("a variable's kind must not be empty");
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(shape_.num_elements(), static_cast<int64_t>(item_size(dtype_)), &bytes))
+    throw ValueError(fmt::format("a {} variable of shape {} has more than 2^63 bytes", name(dtype_), shape_.to_string()));
   if (!partitioning_.logical.empty() && partitioning_.mesh_axes)
     throw ValueError("a variable has either logical axes or explicit mesh axes, not both");
   if (!partitioning_.logical.empty() && partitioning_.logical.size() != shape_.rank())
