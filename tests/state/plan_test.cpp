@@ -45,6 +45,13 @@ TEST(Plan, CountsEachDevicesBlocksOfUnevenShapes) {
   EXPECT_EQ(p.params[0].copies, 8);
 }
 
+TEST(Plan, NamesTheFullestDeviceByItsId) {
+  Mesh reversed({{"fsdp", 4}, {"tensor", 2}}, {7, 6, 5, 4, 3, 2, 1, 0});
+  MemoryPlan p = plan(eval_shape(small(), reversed, rules()));
+  EXPECT_EQ(p.params_per_device.max_device, 7);  // mesh position 0
+  EXPECT_EQ(p.params_by_device.back(), 52);      // position 7 (device 0) holds one row
+}
+
 TEST(Plan, OptimizersScaleTheParameterBytes) {
   State s = eval_shape(small(), Mesh::parse("fsdp=4,tensor=2"), rules());
   MemoryPlan adam = plan(s, {.optimizer = Optimizer::kAdamW});

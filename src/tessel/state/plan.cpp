@@ -135,6 +135,7 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
     for (size_t d = 0; d < per_device.size(); ++d)
       per_device[d] = add(per_device[d], mul(layout.elements[d], layout.bytes_per_element));
   p.params_per_device = summarize(per_device);
+  if (mesh) p.params_per_device.max_device = mesh->device_ids()[static_cast<size_t>(p.params_per_device.max_device)];
   p.params_by_device = per_device;
   const bool gradients = options.gradients || options.optimizer != Optimizer::kNone;
   p.gradients_per_device = scaled(p.params_per_device, gradients ? 1 : 0);

@@ -39,7 +39,7 @@ struct BytesSummary {
   int64_t max = 0;
   int64_t min = 0;
   double mean = 0;
-  int64_t max_device = 0;  // a device holding `max`
+  int64_t max_device = 0;  // the id of the first device (mesh order) holding `max`
 };
 
 struct ParamPlan {
