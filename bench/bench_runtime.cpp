@@ -3,10 +3,11 @@
 // the per-operation overhead on tiny arrays.
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
+
+#include "bench_util.h"
 
 #include "tessel/runtime/array.h"
 #include "tessel/runtime/collectives.h"
@@ -55,13 +56,9 @@ void BM_Memcpy(benchmark::State& state) {
   std::memset(src.get(), 1, bytes);
   std::memset(dst.get(), 2, bytes);  // fault the pages in: the copy is what is timed
   for (auto _ : state) {
-    std::vector<std::thread> pool;
-    for (size_t t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        size_t lo = bytes * t / threads, hi = bytes * (t + 1) / threads;
-        std::memcpy(dst.get() + lo, src.get() + lo, hi - lo);
-      });
-    for (auto& t : pool) t.join();
+    bench::over_thread_slices(threads, bytes, [&](size_t lo, size_t hi) {
+      std::memcpy(dst.get() + lo, src.get() + lo, hi - lo);
+    });
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));

@@ -3,10 +3,11 @@
 // same threads, and eval_shape + plan of a 1000-parameter model.
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
+
+#include "bench_util.h"
 
 #include "tessel/runtime/device.h"
 #include "tessel/sharding/logical_rules.h"
@@ -40,13 +41,9 @@ void BM_Memset(benchmark::State& state) {
   std::unique_ptr<char[]> dst(new char[bytes]);
   std::memset(dst.get(), 1, bytes);  // fault the pages in: the fill is what is timed
   for (auto _ : state) {
-    std::vector<std::thread> pool;
-    for (size_t t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        size_t lo = bytes * t / threads, hi = bytes * (t + 1) / threads;
-        std::memset(dst.get() + lo, static_cast<int>(t), hi - lo);
-      });
-    for (auto& t : pool) t.join();
+    bench::over_thread_slices(threads, bytes, [&](size_t lo, size_t hi) {
+      std::memset(dst.get() + lo, 2, hi - lo);
+    });
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));

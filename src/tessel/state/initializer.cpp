@@ -154,12 +154,10 @@ std::vector<std::string> call_arguments(std::string_view text, std::string_view 
                                         const std::vector<std::string_view>& keys) {
   std::vector<std::string> values(keys.size());
   std::vector<bool> given(keys.size(), false);
+  if (trim(args).empty()) return values;
   size_t position = 0;
   bool keyword_seen = false;
-  while (!trim(args).empty()) {
-    size_t comma = args.find(',');
-    std::string_view item = trim(args.substr(0, comma));
-    args = comma == std::string_view::npos ? std::string_view() : args.substr(comma + 1);
+  for (std::string_view item : text_util::split_commas(args)) {
     size_t eq = item.find('=');
     size_t slot = position;
     if (eq != std::string_view::npos) {

@@ -56,6 +56,8 @@ BytesSummary scaled(const BytesSummary& s, int64_t k) {
   return {mul(s.max, k), mul(s.min, k), s.mean * static_cast<double>(k), s.max_device};
 }
 
+bool counts_gradients(const PlanOptions& o) { return o.gradients || o.optimizer != Optimizer::kNone; }
+
 int64_t moments(Optimizer o) { return o == Optimizer::kAdamW ? 2 : o == Optimizer::kSgdMomentum ? 1 : 0; }
 
 }  // namespace
@@ -83,7 +85,6 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
     throw ValueError(fmt::format("plan: tolerance must be in [0, 1], got {}", options.tolerance));
   const Mesh* mesh = nullptr;
   std::unordered_map<std::string, Layout> layouts;
-  std::vector<std::string> layout_of;  // per param, its layout key
 
   for (const auto& [path, v] : state) {
     if (!v.sharding())
@@ -116,7 +117,6 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
     }
     const auto item = static_cast<int64_t>(item_size(v.dtype()));
     layout.bytes_per_element = add(layout.bytes_per_element, item);
-    layout_of.push_back(key);
 
     ParamPlan pp{.path = path, .kind = v.kind(), .shape = v.shape(), .dtype = v.dtype(),
                  .spec = sharding.spec(), .bytes = v.nbytes(), .max_device_bytes = mul(layout.max_block, item),
@@ -137,7 +137,7 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
   p.params_per_device = summarize(per_device);
   if (mesh) p.params_per_device.max_device = mesh->device_ids()[static_cast<size_t>(p.params_per_device.max_device)];
   p.params_by_device = per_device;
-  const bool gradients = options.gradients || options.optimizer != Optimizer::kNone;
+  const bool gradients = counts_gradients(options);
   p.gradients_per_device = scaled(p.params_per_device, gradients ? 1 : 0);
   p.optimizer_per_device = scaled(p.params_per_device, moments(options.optimizer));
   p.total = scaled(p.params_per_device, 1 + (gradients ? 1 : 0) + moments(options.optimizer));
@@ -163,7 +163,7 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
 std::string MemoryPlan::to_string() const {
   std::string out = fmt::format("memory plan on {} ({} devices): {} parameters, {} elements, {}\n", mesh,
                                 device_count, params.size(), param_count, format_bytes(param_bytes));
-  const bool gradients = options.gradients || options.optimizer != Optimizer::kNone;
+  const bool gradients = counts_gradients(options);
   out += fmt::format("\n{:<12} {:>14} {:>14} {:>14}\n", "per device", "max", "min", "mean");
   auto row = [&](std::string_view label, const BytesSummary& s) {
     out += fmt::format("{:<12} {:>14} {:>14} {:>14}\n", label, format_bytes(s.max), format_bytes(s.min),
@@ -208,7 +208,7 @@ std::string MemoryPlan::to_json() const {
   j["mesh"] = mesh;
   j["device_count"] = device_count;
   j["optimizer"] = std::string(name(options.optimizer));
-  j["gradients"] = options.gradients || options.optimizer != Optimizer::kNone;
+  j["gradients"] = counts_gradients(options);
   j["param_count"] = param_count;
   j["param_bytes"] = param_bytes;
   j["per_device"] = {{"params", summary(params_per_device)}, {"gradients", summary(gradients_per_device)},
