@@ -3,6 +3,9 @@ find_package(nlohmann_json 3.10 REQUIRED)   # nlohmann-json3-dev
 find_package(yaml-cpp 0.7 REQUIRED)         # libyaml-cpp-dev
 find_package(fmt 9 REQUIRED)                # libfmt-dev
 find_package(CLI11 2.1 REQUIRED)            # libcli11-dev
+find_package(PkgConfig REQUIRED)            # pkg-config
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)   # libzstd-dev
+pkg_check_modules(BLOSC REQUIRED IMPORTED_TARGET blosc)    # libblosc-dev
 if(TESSEL_BUILD_TESTS)
   find_package(GTest REQUIRED)              # libgtest-dev
 endif()

@@ -1,0 +1,305 @@
+// tessel ckpt: inspect, verify, restore, export and reshard checkpoints (Orbax PyTree layout).
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/manager.h"
+#include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
+#include "tessel/runtime/device.h"
+#include "tessel/sharding/rules_io.h"
+#include "tessel/state/init.h"
+
+namespace tessel::cli {
+namespace {
+namespace fs = std::filesystem;
+
+struct CkptArgs {
+  std::string dir, dst, mesh, rules, paths, path, out, compression = "none";
+  std::optional<int64_t> step;
+  bool json = false;
+  int64_t staging_mb = 256;
+  RuntimeArgs runtime;
+};
+
+std::string spec_text(const ParamMetadata& p) {
+  if (!p.sharding) return "-";
+  return p.sharding->spec.to_string() + " on " + p.sharding->mesh.to_string();
+}
+
+std::string logical_text(const Partitioning& p) {
+  if (p.mesh_axes) return "mesh " + p.mesh_axes->to_string();
+  if (p.logical.empty()) return "-";
+  std::string s = "(";
+  for (size_t i = 0; i < p.logical.size(); ++i) s += (i ? ", " : "") + (p.logical[i] ? *p.logical[i] : "None");
+  return s + ")";
+}
+
+void info(const CkptArgs& a) {
+  nlohmann::json j;
+  std::string text;
+  const fs::path root(a.dir);
+  std::vector<int64_t> steps;
+  if (!fs::exists(root / "_METADATA") && !fs::is_directory(root / "default")) steps = list_steps(root);
+  const fs::path item = find_item_dir(root, a.step);
+  if (!steps.empty()) {
+    j["steps"] = steps;
+    text += fmt::format("steps: {} (latest {})\n", fmt::join(steps, ", "), steps.back());
+    std::vector<std::string> items;
+    for (const auto& e : fs::directory_iterator(item.parent_path())) {
+      if (e.is_directory()) items.push_back(e.path().filename().string());
+    }
+    std::sort(items.begin(), items.end());
+    j["items"] = items;
+    text += fmt::format("step {}: items {}\n", item.parent_path().filename().string(), fmt::join(items, ", "));
+  }
+  j["item"] = item.string();
+  text += fmt::format("item {}\n", item.string());
+  text += fmt::format("{:<48} {:<16} {:<14} {:>12}  {:<8} {}\n", "parameter", "type", "chunks", "stored", "codec",
+                      "saved sharding / logical axes");
+  int64_t total = 0;
+  j["params"] = nlohmann::json::array();
+  for (const auto& p : describe_item(item)) {
+    total += p.stored_bytes;
+    j["params"].push_back({{"path", p.param.path},
+                           {"name", p.param.name},
+                           {"dtype", std::string(name(p.dtype))},
+                           {"shape", p.shape.dims()},
+                           {"chunk_shape", p.chunks.dims()},
+                           {"num_chunks", p.num_chunks},
+                           {"stored_bytes", p.stored_bytes},
+                           {"compression", p.compression.to_string()},
+                           {"saved_sharding", spec_text(p.param)},
+                           {"logical_axes", logical_text(p.param.partitioning)}});
+    text += fmt::format("{:<48} {:<16} {:<14} {:>12}  {:<8} {} | {}\n", p.param.path, type_string(p.dtype, p.shape),
+                        p.chunks.to_string() + "x" + std::to_string(p.num_chunks), text_util::format_bytes(p.stored_bytes),
+                        p.compression.to_string(), spec_text(p.param), logical_text(p.param.partitioning));
+  }
+  j["stored_bytes"] = total;
+  text += fmt::format("total stored: {}\n", text_util::format_bytes(total));
+  std::cout << (a.json ? j.dump(2) + "\n" : text);
+}
+
+void verify_command(const CkptArgs& a) {
+  const fs::path item = find_item_dir(a.dir, a.step);
+  const VerifyReport r = verify(item);
+  for (const auto& f : r.faults) std::cout << "FAULT " << f << "\n";
+  std::cout << fmt::format("{}: {} arrays, {} chunks, {} read, {} checksums compared, {} faults\n", item.string(), r.arrays,
+                           r.chunks, text_util::format_bytes(r.bytes), r.checksums, r.faults.size());
+  if (!r.faults.empty()) throw Error(fmt::format("{} faults in '{}'", r.faults.size(), item.string()));
+}
+
+struct Target {
+  Mesh mesh;
+  State state;
+  std::optional<LogicalRules> rules;
+};
+
+// The target of a restore onto --mesh: each leaf's logical axes through the rules (given, else
+// the saved ones), or its saved spec when it has no logical axes or there are no rules.
+Target make_target(const CkptArgs& a, const fs::path& item) {
+  const ItemMetadata meta = read_item_metadata(item);
+  std::optional<LogicalRules> rules;
+  if (!a.rules.empty()) {
+    rules = load_rules(a.rules);
+  } else if (meta.rules) {
+    rules = meta.rules;
+  }
+  Mesh mesh = rules && !rules->mesh_axes().empty() ? Mesh::parse(a.mesh, rules->mesh_axes()) : Mesh::parse(a.mesh);
+  std::vector<std::string> wanted;
+  if (!a.paths.empty()) {
+    for (auto w : text_util::split_commas(a.paths)) wanted.emplace_back(w);
+  }
+  State saved = saved_abstract_state(item);
+  State target;
+  for (const auto& [path, v] : saved) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), path) == wanted.end()) continue;
+    std::optional<NamedSharding> s;
+    if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes)) {
+      s = resolve_sharding(v.partitioning(), v.shape(), mesh, rules ? *rules : LogicalRules{}, {}, path);
+    } else if (v.sharding()) {
+      try {
+        s = NamedSharding(mesh, v.sharding()->spec());
+        s->device_box(mesh.device_ids().front(), v.shape());
+      } catch (const ValueError& e) {
+        throw ValueError(fmt::format("'{}': its saved spec {} does not fit {}: give --rules ({})", path,
+                                     v.sharding()->spec().to_string(), mesh.to_string(), e.what()));
+      }
+    } else {
+      s = NamedSharding(mesh, PartitionSpec{});
+    }
+    target.insert(path, Variable::abstract(v.kind(), v.shape(), v.dtype(), s, v.partitioning()));
+  }
+  for (const auto& w : wanted) {
+    if (!saved.contains(w)) throw ValueError(fmt::format("--paths: '{}' is not in '{}'", w, item.string()));
+  }
+  return {mesh, std::move(target), rules};
+}
+
+int64_t peak_rss() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+Runtime runtime_for(const CkptArgs& a, const Mesh& mesh) {
+  RuntimeArgs r = a.runtime;
+  if (!r.devices) r.devices = mesh.device_count();
+  return make_runtime(r);
+}
+
+void restore_command(const CkptArgs& a) {
+  const fs::path item = find_item_dir(a.dir, a.step);
+  Target t = make_target(a, item);
+  Runtime rt = runtime_for(a, t.mesh);
+  RestoreOptions options;
+  options.partial = !a.paths.empty();
+  options.staging_bytes = a.staging_mb << 20;
+  RestoreStats stats;
+  State state = restore(rt, item, t.state, options, &stats);
+  const double gbps = stats.seconds > 0 ? static_cast<double>(stats.target_bytes) / stats.seconds / 1e9 : 0;
+  nlohmann::json j{{"item", item.string()},
+                   {"mesh", t.mesh.to_string()},
+                   {"params", state.size()},
+                   {"target_bytes", stats.target_bytes},
+                   {"bytes_read", stats.bytes_read},
+                   {"chunks_read", stats.chunks_read},
+                   {"staging_peak_bytes", stats.staging_peak},
+                   {"peak_rss_bytes", peak_rss()},
+                   {"seconds", stats.seconds},
+                   {"gb_per_s", gbps}};
+  j["devices"] = nlohmann::json::array();
+  std::string text = fmt::format("restored {} parameters from {} onto {}\n", state.size(), item.string(), t.mesh.to_string());
+  text += fmt::format("{:>8} {:>14} {:>14}\n", "device", "bytes", "peak");
+  for (int64_t d : t.mesh.device_ids()) {
+    const auto m = rt.device(d).memory_stats();
+    j["devices"].push_back({{"device", d}, {"bytes", m.in_use}, {"peak", m.peak}});
+    text += fmt::format("{:>8} {:>14} {:>14}\n", d, text_util::format_bytes(m.in_use), text_util::format_bytes(m.peak));
+  }
+  text += fmt::format("{} into devices ({} read from {} chunks) in {:.3f} s: {:.2f} GB/s; staging peak {}, process peak RSS {}\n",
+                      text_util::format_bytes(stats.target_bytes), text_util::format_bytes(stats.bytes_read),
+                      stats.chunks_read, stats.seconds, gbps, text_util::format_bytes(stats.staging_peak),
+                      text_util::format_bytes(peak_rss()));
+  std::cout << (a.json ? j.dump(2) + "\n" : text);
+}
+
+std::string npy_descr(DType d) {
+  switch (d) {
+    case DType::kBool: return "|b1";
+    case DType::kU8: return "|u1";
+    case DType::kI8: return "|i1";
+    case DType::kI32: return "<i4";
+    case DType::kI64: return "<i8";
+    case DType::kF16: return "<f2";
+    case DType::kF32: return "<f4";
+    case DType::kF64: return "<f8";
+    case DType::kBF16: break;
+  }
+  throw ValueError("bfloat16 has no NumPy dtype");
+}
+
+void export_command(const CkptArgs& a) {
+  const fs::path item = find_item_dir(a.dir, a.step);
+  State saved = saved_abstract_state(item);
+  const Variable& v = saved.at(a.path);
+  // NumPy has no bfloat16: such a parameter is exported as float32 (exactly).
+  const DType dtype = v.dtype() == DType::kBF16 ? DType::kF32 : v.dtype();
+  Runtime rt = Runtime::host(1);
+  State target;
+  target.insert(a.path, Variable::abstract(v.kind(), v.shape(), dtype, NamedSharding(Mesh({{"host", 1}}), {})));
+  RestoreOptions options;
+  options.partial = true;
+  State one = restore(rt, item, target, options);
+  HostArray host = to_host(one.at(a.path).array());
+  std::string shape;
+  for (int64_t d : v.shape()) shape += std::to_string(d) + ",";
+  if (v.shape().rank() > 1) shape.pop_back();
+  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", npy_descr(dtype), shape);
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header += '\n';
+  std::ofstream out(a.out, std::ios::binary);
+  if (!out) throw IoError("cannot write '" + a.out + "'");
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.put(static_cast<char>(len & 0xFF));
+  out.put(static_cast<char>(len >> 8));
+  out << header;
+  out.write(reinterpret_cast<const char*>(host.bytes().data()), static_cast<std::streamsize>(host.nbytes()));
+  if (!out.flush()) throw IoError("cannot write '" + a.out + "'");
+  std::cout << fmt::format("{} {} -> {}{}\n", a.path, type_string(v.dtype(), v.shape()), a.out,
+                           v.dtype() == DType::kBF16 ? " (as float32: NumPy has no bfloat16)" : "");
+}
+
+void reshard_command(const CkptArgs& a) {
+  const fs::path item = find_item_dir(a.dir, a.step);
+  Target t = make_target(a, item);
+  Runtime rt = runtime_for(a, t.mesh);
+  RestoreOptions options;
+  options.staging_bytes = a.staging_mb << 20;
+  options.partial = !a.paths.empty();
+  RestoreStats stats;
+  State state = restore(rt, item, t.state, options, &stats);
+  SaveOptions save_options;
+  save_options.compression = Compression::parse(a.compression);
+  save_options.rules = t.rules;
+  auto t0 = std::chrono::steady_clock::now();
+  save(a.dst, state, save_options);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << fmt::format("{} parameters ({}) restored onto {} in {:.3f} s and saved to {} in {:.3f} s\n", state.size(),
+                           text_util::format_bytes(stats.target_bytes), t.mesh.to_string(), stats.seconds, a.dst, s);
+}
+
+}  // namespace
+
+void add_ckpt_command(CLI::App& app) {
+  auto args = std::make_shared<CkptArgs>();
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect, verify, restore, export and reshard checkpoints");
+  ckpt->require_subcommand(1);
+  auto common = [&](CLI::App* c) {
+    c->add_option("dir", args->dir, "A checkpoint: an item, a step directory or a directory of steps")->required();
+    c->add_option("--step", args->step, "Step to use in a directory of steps (default: the latest)");
+  };
+  auto mesh_opts = [&](CLI::App* c) {
+    c->add_option("--mesh", args->mesh, "Target mesh, e.g. data=2,tensor=4")->required();
+    c->add_option("--rules", args->rules, "Logical axis rules (default: the rules saved with the checkpoint)");
+    c->add_option("--paths", args->paths, "Only these parameters (comma-separated paths)");
+    c->add_option("--staging-mb", args->staging_mb, "Host staging budget for chunk decoding, MiB")->check(CLI::PositiveNumber);
+    add_runtime_options(c, args->runtime);
+  };
+  CLI::App* i = ckpt->add_subcommand("info", "Steps, items and per parameter shape, dtype, chunks, bytes, sharding");
+  common(i);
+  i->add_flag("--json", args->json, "JSON output");
+  i->callback([args] { info(*args); });
+  CLI::App* v = ckpt->add_subcommand("verify", "Read every chunk and check sizes, decoding and CRC-32C");
+  common(v);
+  v->callback([args] { verify_command(*args); });
+  CLI::App* r = ckpt->add_subcommand("restore", "Restore onto virtual devices and report bytes, peak memory and speed");
+  common(r);
+  mesh_opts(r);
+  r->add_flag("--json", args->json, "JSON output");
+  r->callback([args] { restore_command(*args); });
+  CLI::App* e = ckpt->add_subcommand("export", "Write one parameter as a NumPy .npy file");
+  common(e);
+  e->add_option("--path", args->path, "Parameter path, e.g. decoder/layers/mlp/wo/kernel")->required();
+  e->add_option("--out", args->out, "Output .npy file")->required();
+  e->callback([args] { export_command(*args); });
+  CLI::App* s = ckpt->add_subcommand("reshard", "Restore onto a mesh and save for that layout");
+  common(s);
+  s->add_option("dst", args->dst, "New checkpoint directory (must not exist)")->required();
+  mesh_opts(s);
+  s->add_option("--compression", args->compression, "none, zstd or zstd:<level>");
+  s->callback([args] { reshard_command(*args); });
+}
+
+}  // namespace tessel::cli

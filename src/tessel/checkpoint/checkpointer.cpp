@@ -1,0 +1,765 @@
+#include "tessel/checkpoint/checkpointer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "tessel/checkpoint/detail/crc32c.h"
+#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/item_io.h"
+#include "tessel/checkpoint/detail/metadata_writer.h"
+#include "tessel/checkpoint/zarr.h"
+#include "tessel/core/box_copy.h"
+#include "tessel/core/error.h"
+#include "tessel/runtime/detail/array_builder.h"
+#include "tessel/runtime/detail/kernels.h"
+
+namespace tessel {
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// Staging
+
+struct StagedState::Impl {
+  struct Block {
+    Box box;
+    std::span<const std::byte> bytes;
+  };
+  struct Param {
+    std::string path;
+    std::string kind;
+    Partitioning partitioning;
+    Shape shape;
+    DType dtype = DType::kF32;
+    NamedSharding sharding;
+    std::vector<Block> blocks;  // this process's replica-0 blocks
+  };
+  std::vector<Param> params;
+  std::vector<std::vector<std::byte>> owned;  // the host copies the blocks point into (staged)
+  std::vector<Array> held;                    // or the arrays themselves (synchronous save)
+  int64_t bytes = 0;
+};
+
+StagedState::StagedState() : impl_(std::make_unique<Impl>()) {}
+StagedState::~StagedState() = default;
+StagedState::StagedState(StagedState&&) noexcept = default;
+StagedState& StagedState::operator=(StagedState&&) noexcept = default;
+int64_t StagedState::bytes() const { return impl_->bytes; }
+
+namespace {
+
+int default_threads(int requested, int floor) {
+  if (requested > 0) return requested;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::clamp(cores, floor, 16);
+}
+
+// Runs fn(i) for i in [0, n) on `threads` threads; rethrows the first failure after all stop.
+template <class Fn>
+void run_parallel(int64_t n, int threads, Fn&& fn) {
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mu;
+  auto work = [&] {
+    for (int64_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  const int extra = static_cast<int>(std::min<int64_t>(threads, n)) - 1;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < extra; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> keys;
+  size_t start = 0;
+  for (;;) {
+    size_t slash = path.find('/', start);
+    keys.push_back(path.substr(start, slash - start));
+    if (slash == std::string::npos) return keys;
+    start = slash + 1;
+  }
+}
+
+StagedState::Impl stage_impl(const State& state, bool copy) {
+  StagedState::Impl s;
+  for (const auto& [path, var] : state) {
+    const Array& a = var.array(path);
+    StagedState::Impl::Param p{path, var.kind(), var.partitioning(), a.shape(), a.dtype(), a.sharding(), {}};
+    for (const ShardPlacement& placement : a.sharding().distinct_shards(a.shape())) {
+      // The first holder this process owns writes the block; in one process that is replica 0.
+      const Shard* holder = nullptr;
+      for (int64_t d : placement.devices) {
+        if (a.runtime().is_addressable(d)) {
+          holder = &a.shard(d);
+          break;
+        }
+      }
+      if (holder == nullptr || holder->replica_id != 0) continue;
+      std::span<const std::byte> bytes = holder->buffer.bytes();
+      if (copy) {
+        s.owned.emplace_back(bytes.begin(), bytes.end());
+        bytes = s.owned.back();
+      }
+      s.bytes += static_cast<int64_t>(bytes.size());
+      p.blocks.push_back({placement.box, bytes});
+    }
+    if (!copy) s.held.push_back(a);
+    s.params.push_back(std::move(p));
+  }
+  return s;
+}
+
+}  // namespace
+
+StagedState stage(const State& state) {
+  StagedState staged;
+  *staged.impl_ = stage_impl(state, /*copy=*/true);
+  return staged;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Save
+
+namespace detail {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+fs::path begin_tmp_dir(const fs::path& final_dir) {
+  fs::path tmp = final_dir;
+  tmp += kTmpSuffix;
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) throw IoError("cannot remove the stale '" + tmp.string() + "': " + ec.message());
+  if (!fs::create_directory(tmp, ec) || ec) {
+    throw IoError("cannot create '" + tmp.string() + "': " + (ec ? ec.message() : "it exists"));
+  }
+  return tmp;
+}
+
+void commit_tmp_dir(const fs::path& tmp, const fs::path& final_dir, bool durable) {
+  write_file(tmp / kCommitFile, "Checkpoint commit was successful to " + final_dir.string(), durable);
+  if (durable) sync_directory(tmp);
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) throw IoError("cannot commit '" + final_dir.string() + "': it already exists");
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + final_dir.string() + "': " + ec.message());
+  if (durable) sync_directory(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+}
+
+void write_item(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options) {
+  const auto& params = staged.impl().params;
+  if (options.max_chunk_bytes < 1) throw ValueError("max_chunk_bytes must be positive");
+  if (options.compression.kind == Compression::Kind::kBlosc) {
+    throw ValueError("tessel does not write blosc chunks; use none or zstd");
+  }
+  std::vector<ParamRecord> records;
+  std::vector<ZarrArray> zarrs;
+  std::map<std::string, std::string> names;  // stored name -> path
+  for (const auto& p : params) {
+    ParamRecord r{p.path, split_path(p.path), {}, {}, {}, p.sharding, p.kind, p.partitioning, {}};
+    for (size_t i = 0; i < r.keys.size(); ++i) r.name += (i ? "." : "") + r.keys[i];
+    if (auto [it, fresh] = names.emplace(r.name, p.path); !fresh) {
+      throw ValueError("cannot save both '" + it->second + "' and '" + p.path + "': both would be stored as '" +
+                       r.name + "' (Orbax joins path keys with '.')");
+    }
+    child_path(item_dir, r.name, "parameter name");
+    r.write_shape = p.sharding.shard_shape(p.shape);
+    std::vector<size_t> sharded;
+    for (size_t d = 0; d < p.shape.rank(); ++d) {
+      if (p.sharding.num_blocks(d) > 1) sharded.push_back(d);
+    }
+    r.chunk_shape = choose_chunk_shape(r.write_shape, item_size(p.dtype), options.max_chunk_bytes, sharded);
+    zarrs.emplace_back(p.shape, r.chunk_shape, p.dtype, options.compression);
+    records.push_back(std::move(r));
+  }
+
+  // One task per chunk of every written block.
+  struct Task {
+    size_t param;
+    size_t block;
+    std::vector<int64_t> index;
+  };
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const fs::path dir = item_dir / records[i].name;
+    std::error_code ec;
+    fs::create_directory(dir, ec);
+    if (ec) throw IoError("cannot create '" + dir.string() + "': " + ec.message());
+    write_file(dir / ".zarray", zarrs[i].to_json(), options.durable);
+    for (size_t b = 0; b < params[i].blocks.size(); ++b) {
+      for (auto& index : zarrs[i].chunks_in(params[i].blocks[b].box)) tasks.push_back({i, b, std::move(index)});
+    }
+  }
+  std::mutex mu;
+  run_parallel(static_cast<int64_t>(tasks.size()), default_threads(options.writers, 4), [&](int64_t t) {
+    const Task& task = tasks[static_cast<size_t>(t)];
+    const auto& p = params[task.param];
+    const ZarrArray& z = zarrs[task.param];
+    const auto& block = p.blocks[task.block];
+    const Box chunk = z.chunk_box(task.index);
+    const size_t item = item_size(p.dtype);
+    std::span<const std::byte> raw;
+    std::vector<std::byte> gathered;
+    if (chunk == block.box) {
+      raw = block.bytes;  // the usual case: the chunk is the shard, written straight from it
+    } else {
+      // A sub-chunk of a large shard, or an edge chunk (zarr stores it padded to the full shape).
+      gathered.assign(static_cast<size_t>(z.chunk_bytes()), std::byte{0});
+      const Box region = chunk.intersect(block.box);
+      copy_region(block.bytes.data(), block.box, gathered.data(), chunk, region, item);
+      raw = gathered;
+    }
+    std::vector<std::byte> packed;
+    if (options.compression.kind != Compression::Kind::kNone) {
+      packed = compress(options.compression, raw);
+      raw = packed;
+    }
+    const std::string key = z.chunk_key(task.index);
+    File f = File::create(item_dir / records[task.param].name / key);
+    f.write_all(raw);
+    if (options.durable) f.sync();
+    f.close();
+    const uint32_t crc = crc32c(raw);
+    std::lock_guard lock(mu);
+    records[task.param].crc32c[key] = crc;
+  });
+  if (options.durable) {
+    for (const auto& r : records) sync_directory(item_dir / r.name);
+  }
+  const Mesh mesh = params.empty() ? Mesh({}) : params.front().sharding.mesh();
+  write_file(item_dir / "_sharding", sharding_json(records), options.durable);
+  fs::create_directory(item_dir / "array_metadatas");
+  write_file(item_dir / "array_metadatas" / "process_0", array_metadatas_json(records), options.durable);
+  if (options.durable) sync_directory(item_dir / "array_metadatas");
+  write_file(item_dir / "_METADATA", tree_metadata_json(records, mesh, options.rules), options.durable);
+  if (options.durable) sync_directory(item_dir);
+}
+
+}  // namespace detail
+
+void save(const fs::path& dir, const StagedState& staged, const SaveOptions& options) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) throw IoError("cannot save to '" + dir.string() + "': it already exists");
+  const int64_t init = detail::now_ns();
+  const fs::path tmp = detail::begin_tmp_dir(dir);
+  try {
+    detail::write_item(tmp, staged, options);
+    detail::write_file(tmp / detail::kCheckpointMetadata,
+                       detail::checkpoint_metadata_json({}, init, detail::now_ns()), options.durable);
+    detail::commit_tmp_dir(tmp, dir, options.durable);
+  } catch (...) {
+    fs::remove_all(tmp, ec);  // best effort: a crash instead leaves it for the next cleanup
+    throw;
+  }
+}
+
+StagedState detail::stage_in_place(const State& state) {
+  StagedState staged;
+  const_cast<StagedState::Impl&>(staged.impl()) = stage_impl(state, /*copy=*/false);
+  return staged;
+}
+
+void save(const fs::path& dir, const State& state, const SaveOptions& options) {
+  save(dir, detail::stage_in_place(state), options);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restore
+
+namespace {
+
+// Host staging: callers take bytes before decoding a chunk and give them back after; a request
+// above the budget waits until it has the budget to itself.
+class StagingBudget {
+ public:
+  explicit StagingBudget(int64_t budget) : budget_(std::max<int64_t>(budget, 1)) {}
+  int64_t acquire(int64_t bytes) {
+    std::unique_lock lock(mu_);
+    const int64_t want = std::min(bytes, budget_);
+    cv_.wait(lock, [&] { return used_ + want <= budget_; });
+    used_ += want;
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+    return want;
+  }
+  void release(int64_t taken, int64_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      used_ -= taken;
+      held_ -= bytes;
+    }
+    cv_.notify_all();
+  }
+  int64_t peak() const { return peak_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int64_t budget_;
+  int64_t used_ = 0;
+  int64_t held_ = 0;
+  int64_t peak_ = 0;
+};
+
+struct Destination {
+  std::byte* data;
+  Box box;
+};
+
+struct LeafRead {
+  std::string path;
+  const ParamMetadata* meta;
+  fs::path dir;
+  ZarrArray zarr;
+  DType target_dtype;
+  bool allow_missing;  // absent chunks take the fill value
+  std::unique_ptr<detail::ArrayBuilder> builder;
+  std::vector<Destination> dests;
+  std::string kind;
+  Partitioning partitioning;
+};
+
+struct ReadTask {
+  size_t param;
+  std::vector<int64_t> index;
+  std::vector<size_t> dests;
+};
+
+std::string chunk_what(const LeafRead& p, const std::string& key) {
+  return "'" + p.path + "' chunk " + key + " (" + (p.dir / key).string() + ")";
+}
+
+fs::path chunk_file(const LeafRead& p, const std::string& key) {
+  fs::path f = p.dir;
+  size_t start = 0;
+  for (;;) {  // '/' separated keys are nested directories
+    size_t sep = key.find('/', start);
+    f = detail::child_path(f, key.substr(start, sep - start), "chunk key");
+    if (sep == std::string::npos) return f;
+    detail::reject_symlink(f);
+    start = sep + 1;
+  }
+}
+
+// Copies (casting when the dtypes differ) the part of `chunk` each destination needs.
+void scatter(const LeafRead& p, const Box& chunk, const std::byte* src, const ReadTask& task) {
+  const DType from = p.zarr.dtype(), to = p.target_dtype;
+  const size_t in = item_size(from), out = item_size(to);
+  for (size_t d : task.dests) {
+    const Destination& dst = p.dests[d];
+    const Box region = chunk.intersect(dst.box);
+    for_each_run(region, chunk, dst.box, [&](int64_t s, int64_t t, int64_t n) {
+      if (from == to) {
+        std::memcpy(dst.data + t * out, src + s * in, static_cast<size_t>(n) * in);
+      } else {
+        detail::convert_run(from, src + s * in, to, dst.data + t * out, n);
+      }
+    });
+  }
+}
+
+void fill_missing(const LeafRead& p, const Box& chunk, const ReadTask& task) {
+  const size_t item = item_size(p.target_dtype);
+  std::vector<std::byte> value(item);
+  const double fill = p.zarr.fill_value().value_or(0.0);
+  detail::convert_run(DType::kF64, reinterpret_cast<const std::byte*>(&fill), p.target_dtype, value.data(), 1);
+  for (size_t d : task.dests) {
+    const Destination& dst = p.dests[d];
+    for_each_run(chunk.intersect(dst.box), chunk, dst.box, [&](int64_t, int64_t t, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) std::memcpy(dst.data + (t + i) * static_cast<int64_t>(item), value.data(), item);
+    });
+  }
+}
+
+struct Counters {
+  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> chunks{0};
+};
+
+// An uncompressed chunk of the target dtype: each destination's runs are read straight into its
+// buffer, consecutive file runs in one preadv.
+void read_ranges(const LeafRead& p, const detail::File& f, const Box& chunk, const ReadTask& task,
+                 const std::string& key, bool verify, Counters& counters) {
+  const size_t item = item_size(p.zarr.dtype());
+  for (size_t d : task.dests) {
+    const Destination& dst = p.dests[d];
+    const Box region = chunk.intersect(dst.box);
+    std::vector<iovec> iov;
+    int64_t run_start = -1, run_end = -1;
+    auto flush = [&] {
+      if (iov.empty()) return;
+      f.read_scatter(run_start * static_cast<int64_t>(item), iov);
+      counters.bytes += (run_end - run_start) * static_cast<int64_t>(item);
+      iov.clear();
+    };
+    for_each_run(region, chunk, dst.box, [&](int64_t s, int64_t t, int64_t n) {
+      if (s != run_end || iov.size() >= 1024) {
+        flush();
+        run_start = s;
+      }
+      iov.push_back({dst.data + t * static_cast<int64_t>(item), static_cast<size_t>(n) * item});
+      run_end = s + n;
+    });
+    flush();
+    if (verify && region == chunk) {
+      // The whole chunk landed in this buffer: check it against the saved checksum.
+      auto it = p.meta->crc32c.find(key);
+      if (it != p.meta->crc32c.end()) {
+        uint32_t crc = 0;
+        for_each_run(region, chunk, dst.box, [&](int64_t, int64_t t, int64_t n) {
+          crc = detail::crc32c({dst.data + t * static_cast<int64_t>(item), static_cast<size_t>(n) * item}, crc);
+        });
+        if (crc != it->second) throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
+      }
+    }
+  }
+}
+
+void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, bool verify, Counters& counters) {
+  const Box chunk = p.zarr.chunk_box(task.index);
+  const std::string key = p.zarr.chunk_key(task.index);
+  const fs::path file = chunk_file(p, key);
+  std::error_code ec;
+  const auto status = fs::symlink_status(file, ec);
+  if (!fs::exists(status)) {
+    if (!p.allow_missing) throw ValueError(chunk_what(p, key) + " is missing");
+    fill_missing(p, chunk, task);
+    return;
+  }
+  detail::File f = detail::File::open_read(file);
+  const int64_t size = f.size();
+  const int64_t chunk_bytes = p.zarr.chunk_bytes();
+  const bool raw = p.zarr.compression().kind == Compression::Kind::kNone;
+  if (raw && size != chunk_bytes) {
+    throw ValueError(chunk_what(p, key) + ": " + std::to_string(size) + " bytes, an uncompressed chunk of " +
+                     p.zarr.chunks().to_string() + " " + std::string(name(p.zarr.dtype())) + " has " +
+                     std::to_string(chunk_bytes));
+  }
+  counters.chunks += 1;
+  if (raw && p.zarr.dtype() == p.target_dtype) {
+    read_ranges(p, f, chunk, task, key, verify, counters);
+    return;
+  }
+  // Whole chunk through staging: compressed, or cast on the way.
+  if (!raw && size > chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20)) {
+    throw ValueError(chunk_what(p, key) + ": " + std::to_string(size) + " stored bytes for a chunk of " +
+                     std::to_string(chunk_bytes) + ": not a compressed chunk of this array");
+  }
+  const int64_t need = (raw ? 0 : size) + chunk_bytes;
+  const int64_t taken = staging.acquire(need);
+  struct Release {
+    StagingBudget& s;
+    int64_t taken, need;
+    ~Release() { s.release(taken, need); }
+  } release{staging, taken, need};
+  std::vector<std::byte> decoded(static_cast<size_t>(chunk_bytes));
+  std::vector<std::byte> encoded(raw ? 0 : static_cast<size_t>(size));
+  std::span<std::byte> stored = raw ? std::span<std::byte>(decoded) : std::span<std::byte>(encoded);
+  f.read_exact(0, stored);
+  counters.bytes += size;
+  if (verify) {
+    auto it = p.meta->crc32c.find(key);
+    if (it != p.meta->crc32c.end() && detail::crc32c(stored) != it->second) {
+      throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
+    }
+  }
+  if (!raw) decompress(p.zarr.compression(), encoded, decoded, chunk_what(p, key));
+  scatter(p, chunk, decoded.data(), task);
+}
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string s;
+  const size_t show = std::min<size_t>(items.size(), 20);
+  for (size_t i = 0; i < show; ++i) s += "\n  " + items[i];
+  if (items.size() > show) s += "\n  ... and " + std::to_string(items.size() - show) + " more";
+  return s;
+}
+
+ZarrArray open_zarr(const fs::path& item_dir, const ParamMetadata& p, fs::path* dir_out) {
+  const fs::path dir = detail::child_path(item_dir, p.name, "parameter name");
+  detail::reject_symlink(dir);
+  if (p.skip_deserialize || (!fs::exists(dir / ".zarray") && fs::exists(item_dir / "checkpoint"))) {
+    throw ValueError("'" + p.path + "' is not stored as a zarr array in '" + item_dir.string() +
+                     "' (an Orbax aggregate msgpack value, which tessel does not read); restore the other "
+                     "leaves with partial");
+  }
+  const fs::path zarray = dir / ".zarray";
+  ZarrArray z = ZarrArray::parse(detail::read_file(zarray, int64_t{1} << 20), zarray.string());
+  if (p.write_shape && p.write_shape->rank() != z.shape().rank()) {
+    throw ValueError("'" + p.path + "': _METADATA gives write_shape " + p.write_shape->to_string() + " but .zarray has shape " +
+                     z.shape().to_string());
+  }
+  if (dir_out) *dir_out = dir;
+  return z;
+}
+
+NamedSharding fallback_sharding(const Runtime& rt, const ParamMetadata& p, const Shape& shape,
+                                const RestoreOptions& options) {
+  switch (options.fallback) {
+    case Placement::kTarget:
+      throw ValueError("the target leaf '" + p.path + "' has no sharding: give the target one (eval_shape on a mesh) "
+                       "or restore with Placement::kAsSaved or kReplicated");
+    case Placement::kAsSaved: {
+      if (!p.sharding) {
+        throw ValueError("'" + p.path + "' has no saved NamedSharding in _sharding; restore it with a target sharding "
+                         "or Placement::kReplicated");
+      }
+      if (p.sharding->mesh.device_count() > rt.device_count()) {
+        throw ValueError("'" + p.path + "' was saved on " + p.sharding->mesh.to_string() + " (" +
+                         std::to_string(p.sharding->mesh.device_count()) + " devices), more than the runtime's " +
+                         std::to_string(rt.device_count()) + "; give a target sharding");
+      }
+      NamedSharding s(p.sharding->mesh, p.sharding->spec);
+      s.device_box(s.mesh().device_ids().front(), shape);  // checks the spec fits the shape
+      return s;
+    }
+    case Placement::kReplicated: {
+      Mesh mesh = options.mesh ? *options.mesh : Mesh({{"replica", rt.device_count()}});
+      return NamedSharding(mesh, PartitionSpec{});
+    }
+  }
+  throw ValueError("unknown placement");
+}
+
+State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* target,
+                   const RestoreOptions& options, RestoreStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ItemMetadata item = read_item_metadata(item_dir);
+
+  // Structure first: nothing is read or allocated until the trees agree.
+  std::vector<std::pair<std::string, const ParamMetadata*>> leaves;
+  if (target) {
+    std::vector<std::string> missing, extra;
+    for (const auto& [path, var] : *target) {
+      const ParamMetadata* p = item.find(path);
+      if (!p) {
+        missing.push_back(path);
+      } else {
+        leaves.emplace_back(path, p);
+      }
+    }
+    if (!options.partial) {
+      for (const auto& p : item.params) {
+        if (!target->contains(p.path) && p.value_type != "None" && p.value_type != "Dict" && p.value_type != "List" &&
+            p.value_type != "Tuple" && p.value_type != "NamedTuple") {
+          extra.push_back(p.path);
+        }
+      }
+    }
+    if (!missing.empty() || !extra.empty()) {
+      std::string msg = "the checkpoint '" + item_dir.string() + "' and the target differ:";
+      if (!missing.empty()) msg += "\nin the target but not in the checkpoint (" + std::to_string(missing.size()) + "):" + join_list(missing);
+      if (!extra.empty()) {
+        msg += "\nin the checkpoint but not in the target (" + std::to_string(extra.size()) + "):" + join_list(extra) +
+               "\n(restore with partial to take only the target's leaves)";
+      }
+      throw ValueError(msg);
+    }
+  } else {
+    if (options.fallback == Placement::kTarget) {
+      throw ValueError("restoring '" + item_dir.string() + "' without a target needs Placement::kAsSaved or kReplicated");
+    }
+    for (const auto& p : item.params) {
+      if (p.value_type == "jax.Array" || p.value_type == "np.ndarray" || p.value_type == "scalar" || p.value_type == "Unknown") {
+        leaves.emplace_back(p.path, &p);
+      }
+    }
+  }
+
+  std::vector<LeafRead> plans;
+  for (const auto& [path, meta] : leaves) {
+    fs::path dir;
+    ZarrArray z = open_zarr(item_dir, *meta, &dir);
+    const Variable* want = target ? &target->at(path) : nullptr;
+    if (want && want->shape() != z.shape()) {
+      throw ValueError("'" + path + "': the checkpoint holds " + type_string(z.dtype(), z.shape()) + ", the target wants " +
+                       type_string(want->dtype(), want->shape()));
+    }
+    NamedSharding sharding = want && want->sharding() ? *want->sharding() : fallback_sharding(rt, *meta, z.shape(), options);
+    rt.check_mesh(sharding.mesh());
+    const DType dtype = want ? want->dtype() : z.dtype();
+    const bool allow_missing = !item.store_array_data_equal_to_fill_value && z.fill_value().has_value();
+    LeafRead plan{path, meta, dir, z, dtype, allow_missing, nullptr, {}, want ? want->kind() : meta->kind,
+                   want && !want->partitioning().empty() ? want->partitioning() : meta->partitioning};
+    plan.builder = std::make_unique<detail::ArrayBuilder>(rt, z.shape(), dtype, sharding, path);
+    plans.push_back(std::move(plan));
+  }
+  // Target buffers: the only device memory a restore takes.
+  int64_t target_bytes = 0;
+  for (auto& p : plans) {
+    p.builder->allocate_all();
+    for (size_t i = 0; i < p.builder->size(); ++i) {
+      if (p.builder->addressable(i)) target_bytes += p.builder->shard(i).box.volume() * static_cast<int64_t>(item_size(p.target_dtype));
+    }
+  }
+  // One task per chunk that some local replica-0 block needs, listing every such block.
+  std::vector<ReadTask> tasks;
+  for (size_t pi = 0; pi < plans.size(); ++pi) {
+    LeafRead& p = plans[pi];
+    std::map<std::vector<int64_t>, size_t> by_chunk;
+    for (size_t i = 0; i < p.builder->size(); ++i) {
+      const Shard& s = p.builder->shard(i);
+      if (!p.builder->addressable(i) || s.replica_id != 0 || s.box.empty()) continue;
+      p.dests.push_back({p.builder->data(i), s.box});
+      for (auto& index : p.zarr.chunks_in(s.box)) {
+        auto [it, fresh] = by_chunk.emplace(index, tasks.size());
+        if (fresh) tasks.push_back({pi, index, {}});
+        tasks[it->second].dests.push_back(p.dests.size() - 1);
+      }
+    }
+  }
+  StagingBudget staging(options.staging_bytes);
+  Counters counters;
+  run_parallel(static_cast<int64_t>(tasks.size()), default_threads(options.readers, 2), [&](int64_t t) {
+    const ReadTask& task = tasks[static_cast<size_t>(t)];
+    run_task(plans[task.param], task, staging, options.verify_checksums, counters);
+  });
+  // Other local replicas copy their block from replica 0.
+  State out;
+  for (auto& p : plans) {
+    std::map<int64_t, size_t> first;  // replica-0 shard index by block start
+    for (size_t i = 0; i < p.builder->size(); ++i) {
+      const Shard& s = p.builder->shard(i);
+      if (!p.builder->addressable(i)) continue;
+      if (s.replica_id == 0) continue;
+      for (size_t j = 0; j < p.builder->size(); ++j) {
+        const Shard& r = p.builder->shard(j);
+        if (r.replica_id == 0 && r.box == s.box && p.builder->addressable(j)) {
+          const auto n = static_cast<size_t>(s.box.volume()) * item_size(p.target_dtype);
+          if (n > 0) std::memcpy(p.builder->data(i), p.builder->data(j), n);
+          break;
+        }
+      }
+    }
+    out.insert(p.path, Variable(p.kind, std::move(*p.builder).finish(), p.partitioning));
+  }
+  if (stats) {
+    stats->bytes_read = counters.bytes;
+    stats->chunks_read = counters.chunks;
+    stats->target_bytes = target_bytes;
+    stats->staging_peak = staging.peak();
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return out;
+}
+
+}  // namespace
+
+State restore(const Runtime& rt, const fs::path& item_dir, const State& target, const RestoreOptions& options,
+              RestoreStats* stats) {
+  return restore_impl(rt, item_dir, &target, options, stats);
+}
+
+State restore(const Runtime& rt, const fs::path& item_dir, const RestoreOptions& options, RestoreStats* stats) {
+  return restore_impl(rt, item_dir, nullptr, options, stats);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inspection
+
+State saved_abstract_state(const fs::path& item_dir) {
+  const ItemMetadata item = read_item_metadata(item_dir);
+  State out;
+  for (const auto& p : item.params) {
+    if (p.skip_deserialize) continue;
+    ZarrArray z = open_zarr(item_dir, p, nullptr);
+    std::optional<NamedSharding> s;
+    if (p.sharding) s = NamedSharding(p.sharding->mesh, p.sharding->spec);
+    out.insert(p.path, Variable::abstract(p.kind, z.shape(), z.dtype(), s, p.partitioning));
+  }
+  return out;
+}
+
+std::vector<SavedArrayInfo> describe_item(const fs::path& item_dir) {
+  const ItemMetadata item = read_item_metadata(item_dir);
+  std::vector<SavedArrayInfo> out;
+  for (const auto& p : item.params) {
+    if (p.skip_deserialize) continue;
+    fs::path dir;
+    ZarrArray z = open_zarr(item_dir, p, &dir);
+    SavedArrayInfo info{p, z.shape(), z.dtype(), z.chunks(), z.compression(), z.num_chunks(), 0};
+    for (const auto& index : z.chunks_in(Box::full(z.shape()))) {
+      std::error_code ec;
+      const auto size = fs::file_size(dir / z.chunk_key(index), ec);
+      if (!ec) info.stored_bytes += static_cast<int64_t>(size);
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+VerifyReport verify(const fs::path& item_dir) {
+  VerifyReport report;
+  const ItemMetadata item = read_item_metadata(item_dir);
+  for (const auto& p : item.params) {
+    if (p.skip_deserialize) continue;
+    report.arrays += 1;
+    fs::path dir;
+    std::optional<ZarrArray> z;
+    try {
+      z = open_zarr(item_dir, p, &dir);
+    } catch (const Error& e) {
+      report.faults.push_back(e.what());
+      continue;
+    }
+    LeafRead plan{p.path, &p, dir, *z, z->dtype(), false, nullptr, {}, p.kind, p.partitioning};
+    for (const auto& index : z->chunks_in(Box::full(z->shape()))) {
+      const std::string key = z->chunk_key(index);
+      report.chunks += 1;
+      try {
+        const fs::path file = chunk_file(plan, key);
+        if (!fs::exists(fs::symlink_status(file))) {
+          if (item.store_array_data_equal_to_fill_value || !z->fill_value()) {
+            report.faults.push_back(chunk_what(plan, key) + " is missing");
+          }
+          continue;
+        }
+        detail::File f = detail::File::open_read(file);
+        const int64_t size = f.size();
+        if (size > z->chunk_bytes() + z->chunk_bytes() / 8 + (int64_t{1} << 20)) {
+          report.faults.push_back(chunk_what(plan, key) + ": " + std::to_string(size) + " bytes, too many for a chunk of " +
+                                  std::to_string(z->chunk_bytes()));
+          continue;
+        }
+        std::vector<std::byte> stored(static_cast<size_t>(size));
+        f.read_exact(0, stored);
+        report.bytes += size;
+        auto it = p.crc32c.find(key);
+        if (it != p.crc32c.end()) {
+          report.checksums += 1;
+          if (detail::crc32c(stored) != it->second) {
+            report.faults.push_back(chunk_what(plan, key) + ": CRC-32C mismatch");
+            continue;
+          }
+        }
+        std::vector<std::byte> decoded(static_cast<size_t>(z->chunk_bytes()));
+        decompress(z->compression(), stored, decoded, chunk_what(plan, key));
+      } catch (const Error& e) {
+        report.faults.push_back(e.what());
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace tessel

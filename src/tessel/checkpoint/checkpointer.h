@@ -1,0 +1,126 @@
+// Saving and restoring a State as an Orbax PyTree checkpoint item (zarr v2, use_ocdbt=false).
+//
+// save() writes each distinct block of every array once (replica 0), as whole chunks, from a
+// pool of writers, into `<dir>.orbax-checkpoint-tmp`, fsyncs, writes commit_success.txt and
+// renames: a crash leaves either the finished directory or none. restore() places each leaf
+// straight into its target sharding: each device's block is read from the chunks that intersect
+// it (uncompressed chunks by byte ranges, compressed ones decoded once for every block that needs
+// them), with host staging bounded by RestoreOptions::staging_bytes.
+//
+//   tessel::save("ckpt/params", params, {.compression = tessel::Compression::zstd()});
+//   auto target = tessel::eval_shape(model, tessel::Mesh::parse("data=2,tensor=4"), rules);
+//   tessel::State again = tessel::restore(rt, "ckpt/params", target);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessel/checkpoint/codec.h"
+#include "tessel/checkpoint/metadata.h"
+#include "tessel/runtime/runtime.h"
+#include "tessel/sharding/logical_rules.h"
+#include "tessel/state/state.h"
+
+namespace tessel {
+
+struct SaveOptions {
+  Compression compression;                  // none: fastest on local disks
+  int64_t max_chunk_bytes = int64_t{64} << 20;  // larger shards are split into divisor chunks
+  int writers = 0;                          // parallel chunk writers; 0: max(4, cores), at most 16
+  bool durable = true;                      // fsync files and directories before the commit
+  std::optional<LogicalRules> rules;        // recorded, so a restore can re-resolve the axes
+};
+
+// Host copies of what a save writes (each array's replica-0 blocks held by this process), taken
+// so the arrays may change or go away while the files are written in the background.
+class StagedState {
+ public:
+  StagedState();
+  ~StagedState();
+  StagedState(StagedState&&) noexcept;
+  StagedState& operator=(StagedState&&) noexcept;
+  int64_t bytes() const;  // host bytes held
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  friend StagedState stage(const State& state);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Copies the blocks to host memory. Throws ValueError for an abstract variable (naming it).
+StagedState stage(const State& state);
+
+// Saves concrete `state` into the new directory `dir` (its parent must exist), atomically.
+// Throws IoError if `dir` exists, ValueError for abstract variables or two paths that would share
+// a stored name ("a.b/c" and "a/b.c").
+void save(const std::filesystem::path& dir, const State& state, const SaveOptions& options = {});
+void save(const std::filesystem::path& dir, const StagedState& staged, const SaveOptions& options = {});
+
+// Where a leaf goes when the target gives no sharding for it (or there is no target).
+enum class Placement {
+  kTarget,      // the target must give one: a leaf without a sharding is an error
+  kAsSaved,     // the sharding in `_sharding`, if its mesh fits the runtime
+  kReplicated,  // a full copy on every device of RestoreOptions::mesh (default: all devices)
+};
+
+struct RestoreOptions {
+  bool partial = false;  // restore exactly the target's leaves; the checkpoint may hold more
+  Placement fallback = Placement::kTarget;
+  std::optional<Mesh> mesh;                         // for kReplicated
+  int64_t staging_bytes = int64_t{256} << 20;       // host bytes for chunk decoding at once
+  int readers = 0;                                  // 0: max(2, cores), at most 16
+  bool verify_checksums = true;                     // of every chunk read whole
+};
+
+struct RestoreStats {
+  int64_t bytes_read = 0;     // from files
+  int64_t chunks_read = 0;
+  int64_t target_bytes = 0;   // bytes of every restored device buffer
+  int64_t staging_peak = 0;   // host staging bytes held at once
+  double seconds = 0;
+};
+
+// Restores into the structure, shapes, dtypes (cast when they differ from the saved ones) and
+// shardings of `target` (e.g. eval_shape on any mesh). Throws ValueError listing the leaves missing
+// on either side (unless partial), naming a leaf whose shape differs, or a chunk that is missing,
+// truncated, corrupt or fails its checksum.
+State restore(const Runtime& rt, const std::filesystem::path& item_dir, const State& target,
+              const RestoreOptions& options = {}, RestoreStats* stats = nullptr);
+// Every saved leaf, placed by options.fallback (kAsSaved or kReplicated; kTarget is an error).
+State restore(const Runtime& rt, const std::filesystem::path& item_dir, const RestoreOptions& options,
+              RestoreStats* stats = nullptr);
+
+// The saved leaves as abstract variables: kind, shape, dtype, partitioning, and the saved
+// sharding where `_sharding` has one (nullopt otherwise).
+State saved_abstract_state(const std::filesystem::path& item_dir);
+
+// What `tessel ckpt info` shows per parameter.
+struct SavedArrayInfo {
+  ParamMetadata param;
+  Shape shape;
+  DType dtype = DType::kF32;
+  Shape chunks;
+  Compression compression;
+  int64_t num_chunks = 0;
+  int64_t stored_bytes = 0;  // sum of the chunk files' sizes
+};
+std::vector<SavedArrayInfo> describe_item(const std::filesystem::path& item_dir);
+
+// Reads every chunk of every array, checks sizes, decoding and CRC-32C. One line per fault,
+// naming the parameter and the chunk; empty when the item is sound.
+struct VerifyReport {
+  std::vector<std::string> faults;
+  int64_t arrays = 0;
+  int64_t chunks = 0;
+  int64_t bytes = 0;
+  int64_t checksums = 0;  // chunks whose CRC-32C was compared
+};
+VerifyReport verify(const std::filesystem::path& item_dir);
+
+}  // namespace tessel

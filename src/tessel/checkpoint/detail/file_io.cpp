@@ -1,0 +1,181 @@
+#include "tessel/checkpoint/detail/file_io.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "tessel/core/error.h"
+
+namespace tessel::detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void fail(const fs::path& path, const std::string& what, int err) {
+  throw IoError(what + " '" + path.string() + "': " + std::strerror(err));
+}
+
+}  // namespace
+
+File File::open_read(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP) throw IoError("refusing to follow the symlink '" + path.string() + "'");
+    fail(path, "cannot open", errno);
+  }
+  File f(fd, path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail(path, "cannot stat", errno);
+  if (!S_ISREG(st.st_mode)) throw IoError("'" + path.string() + "' is not a regular file");
+  return f;
+}
+
+File File::create(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) fail(path, "cannot create", errno);
+  return File(fd, path);
+}
+
+File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int64_t File::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail(path_, "cannot stat", errno);
+  return st.st_size;
+}
+
+void File::read_exact(int64_t offset, std::span<std::byte> out) const {
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path_, "cannot read " + std::to_string(out.size()) + " bytes at offset " + std::to_string(offset) + " of", errno);
+    }
+    if (n == 0) {
+      throw IoError("'" + path_.string() + "' is truncated: needed " + std::to_string(out.size()) +
+                    " bytes at offset " + std::to_string(offset) + ", the file has " +
+                    std::to_string(size()));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void File::read_scatter(int64_t offset, std::span<const iovec> buffers) const {
+  std::vector<iovec> iov(buffers.begin(), buffers.end());
+  size_t first = 0;
+  int64_t pos = offset;
+  while (first < iov.size()) {
+    const int count = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
+    ssize_t n = ::preadv(fd_, iov.data() + first, count, static_cast<off_t>(pos));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path_, "cannot read at offset " + std::to_string(pos) + " of", errno);
+    }
+    if (n == 0) {
+      throw IoError("'" + path_.string() + "' is truncated: needed bytes at offset " +
+                    std::to_string(pos) + ", the file has " + std::to_string(size()));
+    }
+    pos += n;
+    auto left = static_cast<size_t>(n);
+    while (first < iov.size() && left >= iov[first].iov_len) {
+      left -= iov[first].iov_len;
+      ++first;
+    }
+    if (left > 0) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+}
+
+void File::write_all(std::span<const std::byte> data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path_, "cannot write", errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void File::sync() {
+  if (::fsync(fd_) != 0) fail(path_, "cannot fsync", errno);
+}
+
+void File::close() {
+  if (fd_ < 0) return;
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail(path_, "cannot close", errno);
+}
+
+void sync_directory(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail(dir, "cannot open directory", errno);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) fail(dir, "cannot fsync directory", err);
+}
+
+void write_file(const fs::path& path, std::string_view data, bool durable) {
+  File f = File::create(path);
+  f.write_all(std::as_bytes(std::span(data.data(), data.size())));
+  if (durable) f.sync();
+  f.close();
+}
+
+std::string read_file(const fs::path& path, int64_t max_bytes) {
+  File f = File::open_read(path);
+  const int64_t n = f.size();
+  if (n > max_bytes) {
+    throw IoError("'" + path.string() + "' has " + std::to_string(n) + " bytes, more than the " +
+                  std::to_string(max_bytes) + " a metadata file may have");
+  }
+  std::string text(static_cast<size_t>(n), '\0');
+  f.read_exact(0, std::as_writable_bytes(std::span(text.data(), text.size())));
+  return text;
+}
+
+fs::path child_path(const fs::path& root, std::string_view name, std::string_view what) {
+  auto bad = [&](const std::string& why) {
+    throw ValueError(std::string(what) + " '" + std::string(name) + "' " + why +
+                     ": it must name one entry inside '" + root.string() + "'");
+  };
+  if (name.empty()) bad("is empty");
+  if (name == "." || name == "..") bad("is a relative directory");
+  if (name.find('/') != std::string_view::npos) bad("contains '/'");
+  if (name.find('\0') != std::string_view::npos) bad("contains a NUL byte");
+  return root / std::string(name);
+}
+
+void reject_symlink(const fs::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    throw IoError("refusing to follow the symlink '" + path.string() + "'");
+  }
+}
+
+}  // namespace tessel::detail

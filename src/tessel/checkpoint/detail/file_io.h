@@ -1,0 +1,63 @@
+// Internal (not installed): the checkpoint layer's file access. Every error is an IoError naming
+// the file, the offset where it matters, and the system's reason. Files are opened without
+// following symlinks, so a link planted in a checkpoint cannot redirect a read or a write.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace tessel::detail {
+
+class File {
+ public:
+  // A regular file, read-only. Throws IoError if it is missing, a symlink or not a regular file.
+  static File open_read(const std::filesystem::path& path);
+  // A new or truncated file, write-only (never through a symlink).
+  static File create(const std::filesystem::path& path);
+
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();
+
+  const std::filesystem::path& path() const { return path_; }
+  int64_t size() const;
+  // Exactly out.size() bytes at `offset`; a short file is an IoError ("truncated").
+  void read_exact(int64_t offset, std::span<std::byte> out) const;
+  // One contiguous file range into several buffers (preadv), exactly their total size.
+  void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
+  void write_all(std::span<const std::byte> data);
+  void sync();   // fsync
+  void close();  // reports a failing close (a deferred write error) as IoError
+
+ private:
+  File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::filesystem::path path_;
+};
+
+// fsync of a directory, so a rename or a new entry in it survives a crash.
+void sync_directory(const std::filesystem::path& dir);
+
+// Writes `data` to a new file and, when `durable`, fsyncs it.
+void write_file(const std::filesystem::path& path, std::string_view data, bool durable);
+
+// The whole file, refused above `max_bytes` (metadata files are small; a huge one is corrupt).
+std::string read_file(const std::filesystem::path& path, int64_t max_bytes);
+
+// `root / name` for a name read from metadata, checked: a single path component that is not
+// empty, ".", ".." and holds no '/' or NUL. `what` names the name's origin in the message.
+std::filesystem::path child_path(const std::filesystem::path& root, std::string_view name,
+                                 std::string_view what);
+
+// Throws IoError if `path` exists and is a symlink (a link could point out of the checkpoint).
+void reject_symlink(const std::filesystem::path& path);
+
+}  // namespace tessel::detail

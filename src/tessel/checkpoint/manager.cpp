@@ -1,0 +1,240 @@
+#include "tessel/checkpoint/manager.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <iostream>
+
+#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/item_io.h"
+#include "tessel/checkpoint/detail/metadata_writer.h"
+#include "tessel/core/error.h"
+#include "tessel/detail/json_util.h"
+
+namespace tessel {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kDefaultItem = "default";
+constexpr const char* kJsonFile = "metadata";  // Orbax's JsonCheckpointHandler file name
+
+std::optional<int64_t> parse_step(const std::string& name) {
+  if (name.empty() || name.size() > 18) return std::nullopt;
+  int64_t step = 0;
+  auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), step);
+  if (ec != std::errc() || end != name.data() + name.size() || step < 0) return std::nullopt;
+  if (std::to_string(step) != name) return std::nullopt;  // "007" is not ours
+  return step;
+}
+
+}  // namespace
+
+std::vector<int64_t> list_steps(const fs::path& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (!entry.is_directory() || entry.is_symlink()) continue;
+    if (auto step = parse_step(entry.path().filename().string())) steps.push_back(*step);
+  }
+  if (ec) throw IoError("cannot list '" + root.string() + "': " + ec.message());
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step) {
+  if (!fs::is_directory(path)) throw IoError("'" + path.string() + "' is not a directory");
+  const bool is_item = fs::exists(path / "_METADATA") || fs::exists(path / "manifest.ocdbt");
+  if (is_item || fs::is_directory(path / kDefaultItem)) {
+    if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint");
+    return is_item ? path : path / kDefaultItem;
+  }
+  const std::vector<int64_t> steps = list_steps(path);
+  if (steps.empty()) {
+    throw ValueError("'" + path.string() + "' holds no checkpoint: no _METADATA, no 'default' item and no step directories");
+  }
+  const int64_t chosen = step ? *step : steps.back();
+  if (!std::binary_search(steps.begin(), steps.end(), chosen)) {
+    throw ValueError("'" + path.string() + "' has no step " + std::to_string(chosen) + " (it has " +
+                     std::to_string(steps.size()) + " steps, latest " + std::to_string(steps.back()) + ")");
+  }
+  const fs::path dir = path / std::to_string(chosen);
+  if (!fs::is_directory(dir / kDefaultItem)) {
+    throw ValueError("step " + std::to_string(chosen) + " in '" + path.string() + "' has no 'default' item");
+  }
+  return dir / kDefaultItem;
+}
+
+CheckpointManager::CheckpointManager(fs::path root, CheckpointManagerOptions options)
+    : root_(std::move(root)), options_(std::move(options)) {
+  if (options_.max_to_keep && *options_.max_to_keep < 1) throw ValueError("max_to_keep must be at least 1");
+  if (options_.keep_period && *options_.keep_period < 1) throw ValueError("keep_period must be at least 1");
+  if (options_.read_only) {
+    if (!fs::is_directory(root_)) throw IoError("'" + root_.string() + "' is not a checkpoint directory");
+    return;
+  }
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) throw IoError("cannot create '" + root_.string() + "': " + ec.message());
+  const fs::path lock = root_ / ".tessel-lock";
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) throw IoError("cannot open '" + lock.string() + "': " + std::strerror(errno));
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw IoError("another CheckpointManager is writing to '" + root_.string() + "' (it holds " + lock.string() + ")");
+  }
+  // What a crashed save or deletion left behind; never visible as a step.
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > std::strlen(detail::kTmpSuffix) && name.ends_with(detail::kTmpSuffix)) {
+      fs::remove_all(entry.path(), ec);
+      if (ec) throw IoError("cannot remove the leftover '" + entry.path().string() + "': " + ec.message());
+    }
+  }
+}
+
+CheckpointManager::~CheckpointManager() {
+  if (background_.joinable()) background_.join();
+  if (background_error_) {
+    try {
+      std::rethrow_exception(background_error_);
+    } catch (const std::exception& e) {
+      std::cerr << "tessel: a background checkpoint save failed: " << e.what() << "\n";
+    }
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+fs::path CheckpointManager::step_dir(int64_t step) const { return root_ / std::to_string(step); }
+
+fs::path CheckpointManager::item_dir(int64_t step, const std::string& item) const {
+  return detail::child_path(step_dir(step), item, "item name");
+}
+
+void CheckpointManager::surface_error() {
+  if (background_.joinable() && background_done_.load()) background_.join();
+  if (background_error_) {
+    auto e = background_error_;
+    background_error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void CheckpointManager::wait() {
+  if (background_.joinable()) background_.join();
+  surface_error();
+}
+
+void CheckpointManager::check_request(int64_t step, const std::map<std::string, std::string>& json_items) {
+  if (options_.read_only) throw ValueError("the CheckpointManager for '" + root_.string() + "' is read-only");
+  if (step < 0) throw ValueError("a checkpoint step must be non-negative, not " + std::to_string(step));
+  if (fs::exists(step_dir(step))) {
+    throw ValueError("step " + std::to_string(step) + " already exists in '" + root_.string() + "'");
+  }
+  for (const auto& [name, text] : json_items) {
+    if (name == kDefaultItem) throw ValueError("the item name 'default' is the state's own");
+    detail::child_path(root_, name, "item name");
+    json_util::parse(text, "item '" + name + "'");
+  }
+}
+
+void CheckpointManager::write_step(int64_t step, const StagedState& staged,
+                                   const std::map<std::string, std::string>& json_items) {
+  const bool durable = options_.save.durable;
+  const int64_t init = detail::now_ns();
+  const fs::path final_dir = step_dir(step);
+  const fs::path tmp = detail::begin_tmp_dir(final_dir);
+  std::map<std::string, std::string> handlers{{kDefaultItem, detail::kPyTreeHandler}};
+  const fs::path state_tmp = detail::begin_tmp_dir(tmp / kDefaultItem);
+  detail::write_item(state_tmp, staged, options_.save);
+  detail::commit_tmp_dir(state_tmp, tmp / kDefaultItem, durable);
+  for (const auto& [name, text] : json_items) {
+    const fs::path item_tmp = detail::begin_tmp_dir(tmp / name);
+    detail::write_file(item_tmp / kJsonFile, text, durable);
+    detail::commit_tmp_dir(item_tmp, tmp / name, durable);
+    handlers[name] = detail::kJsonHandler;
+  }
+  detail::write_file(tmp / detail::kCheckpointMetadata, detail::checkpoint_metadata_json(handlers, init, detail::now_ns()),
+                     durable);
+  detail::commit_tmp_dir(tmp, final_dir, durable);
+  apply_retention(step);
+}
+
+void CheckpointManager::apply_retention(int64_t just_saved) {
+  if (!options_.max_to_keep) return;
+  std::vector<int64_t> steps = list_steps(root_);
+  const auto keep = static_cast<size_t>(*options_.max_to_keep);
+  if (steps.size() <= keep) return;
+  for (size_t i = 0; i + keep < steps.size(); ++i) {
+    const int64_t s = steps[i];
+    if (s == just_saved || (options_.keep_period && s % *options_.keep_period == 0)) continue;
+    // Renamed out of sight first: a crash mid-removal leaves a leftover, not a half step.
+    fs::path doomed = step_dir(s);
+    doomed += detail::kTmpSuffix;
+    std::error_code ec;
+    fs::rename(step_dir(s), doomed, ec);
+    if (ec) throw IoError("cannot remove step " + std::to_string(s) + " from '" + root_.string() + "': " + ec.message());
+    fs::remove_all(doomed, ec);
+  }
+}
+
+void CheckpointManager::save(int64_t step, const State& state, const std::map<std::string, std::string>& json_items) {
+  wait();
+  check_request(step, json_items);
+  // Synchronous: the arrays stay alive for the call, so nothing is copied.
+  write_step(step, detail::stage_in_place(state), json_items);
+}
+
+void CheckpointManager::save_async(int64_t step, const State& state,
+                                   const std::map<std::string, std::string>& json_items) {
+  wait();
+  check_request(step, json_items);
+  auto staged = std::make_shared<StagedState>(stage(state));
+  background_done_ = false;
+  background_ = std::thread([this, step, staged, json_items] {
+    try {
+      write_step(step, *staged, json_items);
+    } catch (...) {
+      background_error_ = std::current_exception();
+    }
+    background_done_ = true;
+  });
+}
+
+State CheckpointManager::restore(const Runtime& rt, int64_t step, const State& target, const RestoreOptions& options,
+                                 RestoreStats* stats) {
+  surface_error();
+  if (!fs::is_directory(step_dir(step))) {
+    throw ValueError("no step " + std::to_string(step) + " in '" + root_.string() + "'");
+  }
+  return tessel::restore(rt, item_dir(step), target, options, stats);
+}
+
+std::string CheckpointManager::restore_json(int64_t step, const std::string& item) {
+  surface_error();
+  const fs::path file = item_dir(step, item) / kJsonFile;
+  if (!fs::exists(file)) {
+    throw ValueError("step " + std::to_string(step) + " in '" + root_.string() + "' has no JSON item '" + item + "'");
+  }
+  std::string text = detail::read_file(file, int64_t{1} << 30);
+  json_util::parse(text, file.string());
+  return text;
+}
+
+std::vector<int64_t> CheckpointManager::all_steps() {
+  surface_error();
+  return list_steps(root_);
+}
+
+std::optional<int64_t> CheckpointManager::latest_step() {
+  auto steps = all_steps();
+  if (steps.empty()) return std::nullopt;
+  return steps.back();
+}
+
+}  // namespace tessel

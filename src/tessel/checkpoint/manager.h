@@ -1,0 +1,84 @@
+// A directory of checkpoints, one per training step, in Orbax's CheckpointManager layout:
+// `<root>/<step>/_CHECKPOINT_METADATA`, the state as the PyTree item `<root>/<step>/default/`,
+// and named JSON items beside it (a data iterator's position, say) in `<item>/metadata`.
+//
+// One manager writes to a root at a time (a lock file, `<root>/.tessel-lock`); opening it removes
+// what a crashed save left (`*.orbax-checkpoint-tmp`). Steps appear only when complete. After each
+// save the oldest steps go beyond max_to_keep, except multiples of keep_period.
+//
+//   tessel::CheckpointManager ckpt("ckpt/", {.max_to_keep = 3});
+//   ckpt.save_async(step, state, {{"data", R"({"position": 4096})"}});   // returns once staged
+//   ...
+//   tessel::State again = ckpt.restore(rt, *ckpt.latest_step(), eval_shape(model, mesh, rules));
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessel/checkpoint/checkpointer.h"
+
+namespace tessel {
+
+struct CheckpointManagerOptions {
+  std::optional<int64_t> max_to_keep;  // keep the newest N steps; none: keep every step
+  std::optional<int64_t> keep_period;  // and keep every step divisible by this
+  SaveOptions save;
+  bool read_only = false;  // no lock, no cleanup; save() is refused
+};
+
+// The committed steps under `root`, ascending (directories named by a decimal step).
+std::vector<int64_t> list_steps(const std::filesystem::path& root);
+
+// The PyTree item a path names: an item directory itself (it has _METADATA), a step directory
+// (its `default` item), or a manager root (the given step, else the latest). Throws ValueError
+// saying what was found instead.
+std::filesystem::path find_item_dir(const std::filesystem::path& path, std::optional<int64_t> step = std::nullopt);
+
+class CheckpointManager {
+ public:
+  // Creates `root` unless read_only. Throws IoError when another manager holds the lock.
+  explicit CheckpointManager(std::filesystem::path root, CheckpointManagerOptions options = {});
+  ~CheckpointManager();  // waits for a save in flight; its error, if any, goes to stderr
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  // Saves `state` as step `step`, plus JSON items by name. Throws ValueError if the step exists,
+  // an item name is "default" or not a plain name, or an item is not valid JSON.
+  void save(int64_t step, const State& state, const std::map<std::string, std::string>& json_items = {});
+  // Copies the shards to host staging, returns, and writes in the background. A failure is
+  // rethrown by the next call to this manager.
+  void save_async(int64_t step, const State& state, const std::map<std::string, std::string>& json_items = {});
+  void wait();
+
+  State restore(const Runtime& rt, int64_t step, const State& target, const RestoreOptions& options = {},
+                RestoreStats* stats = nullptr);
+  std::string restore_json(int64_t step, const std::string& item);
+
+  std::vector<int64_t> all_steps();
+  std::optional<int64_t> latest_step();
+  std::filesystem::path step_dir(int64_t step) const;
+  std::filesystem::path item_dir(int64_t step, const std::string& item = "default") const;
+  const std::filesystem::path& root() const { return root_; }
+
+ private:
+  void write_step(int64_t step, const StagedState& staged, const std::map<std::string, std::string>& json_items);
+  void apply_retention(int64_t just_saved);
+  void check_request(int64_t step, const std::map<std::string, std::string>& json_items);
+  void surface_error();  // rethrows a finished background failure
+
+  std::filesystem::path root_;
+  CheckpointManagerOptions options_;
+  int lock_fd_ = -1;
+  std::thread background_;
+  std::exception_ptr background_error_;
+  std::atomic<bool> background_done_{true};
+};
+
+}  // namespace tessel
