@@ -10,6 +10,8 @@
 #include <set>
 #include <thread>
 
+#include <unistd.h>
+
 #include "tessel/checkpoint/detail/crc32c.h"
 #include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/checkpoint/detail/item_io.h"
@@ -339,6 +341,12 @@ struct LeafRead {
   Partitioning partitioning;
 };
 
+// Physical memory: the ceiling for all device buffers of one restore (virtual devices share it).
+const int64_t kMaxRestoreBytes = [] {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<int64_t>(pages) * size : int64_t{1} << 40;
+}();
+
 struct ReadTask {
   size_t param;
   std::vector<int64_t> index;
@@ -604,14 +612,22 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     plan.builder = std::make_unique<detail::ArrayBuilder>(rt, z.shape(), dtype, sharding, path);
     plans.push_back(std::move(plan));
   }
-  // Target buffers: the only device memory a restore takes.
+  // Target buffers: the only device memory a restore takes. Sizes from a corrupt file must not
+  // reach the allocator, so the total is checked against the machine first.
   int64_t target_bytes = 0;
   for (auto& p : plans) {
-    p.builder->allocate_all();
     for (size_t i = 0; i < p.builder->size(); ++i) {
-      if (p.builder->addressable(i)) target_bytes += p.builder->shard(i).box.volume() * static_cast<int64_t>(item_size(p.target_dtype));
+      if (!p.builder->addressable(i)) continue;
+      const int64_t n = p.builder->shard(i).box.volume() * static_cast<int64_t>(item_size(p.target_dtype));
+      if (n > kMaxRestoreBytes - target_bytes) {
+        throw ValueError("restoring '" + p.path + "' would take the devices past " + std::to_string(kMaxRestoreBytes) +
+                         " bytes in all, more than this machine's memory: is its shape " + p.zarr.shape().to_string() +
+                         " right?");
+      }
+      target_bytes += n;
     }
   }
+  for (auto& p : plans) p.builder->allocate_all();
   // One task per chunk that some local replica-0 block needs, listing every such block.
   std::vector<ReadTask> tasks;
   for (size_t pi = 0; pi < plans.size(); ++pi) {
