@@ -47,9 +47,9 @@ void info(const CkptArgs& a) {
   nlohmann::json j;
   std::string text;
   const fs::path root(a.dir);
+  const fs::path item = find_item_dir(root, a.step);
   std::vector<int64_t> steps;
   if (!fs::exists(root / "_METADATA") && !fs::is_directory(root / "default")) steps = list_steps(root);
-  const fs::path item = find_item_dir(root, a.step);
   if (!steps.empty()) {
     j["steps"] = steps;
     text += fmt::format("steps: {} (latest {})\n", fmt::join(steps, ", "), steps.back());

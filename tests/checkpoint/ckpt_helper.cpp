@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
       tessel::HostArray ints({5, 7, 3}, tessel::DType::kI32);
       auto v = ints.mutable_values<int32_t>();
       for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i * 37 % 1001) - 500;
-      s.insert("extra/ints", tessel::Variable("batch_stat", tessel::device_put(rt, ints, tessel::NamedSharding(mesh, {{"y"}, {"x"}}))));
+      s.insert("extra/ints", tessel::Variable("batch_stat", tessel::device_put(rt, ints, tessel::NamedSharding(mesh, {{"y"}, {"x"}})),
+                                             tessel::Partitioning::by_logical({"embed", "mlp", std::nullopt})));
       tessel::HostArray scalar = tessel::HostArray::from<double>({}, {2.5});
       s.insert("extra/scalar", tessel::Variable("batch_stat", tessel::device_put(rt, scalar, tessel::NamedSharding(mesh, {}))));
       tessel::SaveOptions options;

@@ -1,0 +1,101 @@
+// tessel ckpt: info, verify, restore, export, reshard, and their errors.
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_test_util.h"
+
+namespace tessel {
+namespace {
+namespace fs = std::filesystem;
+
+struct Written {
+  testing::TempDir tmp;
+  fs::path item = tmp.path() / "item";
+  Written() {
+    const std::string cmd = std::string(TESSEL_CKPT_HELPER) + " item " + item.string() + " none";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+  }
+};
+
+TEST(CkptCli, InfoListsEveryParameter) {
+  Written w;
+  Result r = run("ckpt info " + w.item.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("decoder/layers/0/mlp/wi/kernel"));
+  EXPECT_THAT(r.out, HasSubstr("f32[64,128]"));
+  EXPECT_THAT(r.out, HasSubstr("PartitionSpec('fsdp', 'tensor') on Mesh(data=2, fsdp=2, tensor=2)"));
+  EXPECT_THAT(r.out, HasSubstr("(embed, mlp)"));
+  Result j = run("ckpt info --json " + w.item.string());
+  ASSERT_EQ(j.rc, 0) << j.err;
+  auto info = nlohmann::json::parse(j.out);
+  EXPECT_GT(info["params"].size(), 30u);
+  EXPECT_GT(info["stored_bytes"].get<int64_t>(), 0);
+}
+
+TEST(CkptCli, RestoreOntoAnotherMeshReportsDevicesAndSpeed) {
+  Written w;
+  Result r = run("ckpt restore " + w.item.string() + " --mesh data=1,fsdp=4,tensor=2 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["devices"].size(), 8u);
+  EXPECT_GT(j["target_bytes"].get<int64_t>(), 0);
+  EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
+  // Only some parameters, with the saved rules re-resolved for the new mesh.
+  Result p = run("ckpt restore " + w.item.string() + " --mesh tensor=4 --paths token_embedder/embedding,extra/ints");
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_THAT(p.out, HasSubstr("restored 2 parameters"));
+  expect_one_line_error(run("ckpt restore " + w.item.string() + " --mesh tensor=4 --paths nope"), 1, "--paths: 'nope'");
+  // Rules that name an axis the mesh lacks fail naming the parameter.
+  const fs::path rules = w.tmp.write("rules.yml", "logical_axis_rules: [[embed, fsdp]]\n");
+  expect_one_line_error(run("ckpt restore " + w.item.string() + " --mesh tensor=4 --rules " + rules.string() +
+                            " --paths extra/ints"),
+                        1, "extra/ints");
+}
+
+TEST(CkptCli, VerifyFindsACorruptChunk) {
+  Written w;
+  ASSERT_EQ(run("ckpt verify " + w.item.string()).rc, 0);
+  const fs::path chunk = w.item / "token_embedder.embedding" / "0.0";
+  {
+    std::fstream f(chunk, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5);
+    f.put('\x7f');
+  }
+  Result r = run("ckpt verify " + w.item.string());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.out, HasSubstr("FAULT 'token_embedder/embedding' chunk 0.0"));
+  EXPECT_THAT(r.err, HasSubstr("1 faults"));
+}
+
+TEST(CkptCli, ExportWritesNpyAndReshardWritesANewLayout) {
+  Written w;
+  const fs::path npy = w.tmp.path() / "ints.npy";
+  Result e = run("ckpt export " + w.item.string() + " --path extra/ints --out " + npy.string());
+  ASSERT_EQ(e.rc, 0) << e.err;
+  const std::string bytes = testing::read_file(npy);
+  EXPECT_EQ(bytes.substr(0, 6), "\x93NUMPY");
+  EXPECT_THAT(bytes, HasSubstr("'descr': '<i4', 'fortran_order': False, 'shape': (5,7,3)"));
+  EXPECT_EQ(bytes.size(), 128u + 5 * 7 * 3 * 4);
+  const fs::path dst = w.tmp.path() / "resharded";
+  Result s = run("ckpt reshard " + w.item.string() + " " + dst.string() + " --mesh fsdp=8 --paths decoder/decoder_norm/scale,token_embedder/embedding --compression zstd");
+  ASSERT_EQ(s.rc, 0) << s.err;
+  Result info = run("ckpt info --json " + dst.string());
+  auto j = nlohmann::json::parse(info.out);
+  ASSERT_EQ(j["params"].size(), 2u);
+  EXPECT_EQ(j["params"][1]["compression"], "zstd:1");
+  EXPECT_THAT(j["params"][1]["saved_sharding"].get<std::string>(), HasSubstr("Mesh(data=1, fsdp=8, tensor=1)"));
+  expect_one_line_error(run("ckpt reshard " + w.item.string() + " " + dst.string() + " --mesh fsdp=8"), 1, "already exists");
+}
+
+TEST(CkptCli, BadDirectoriesAndStepsAreNamed) {
+  testing::TempDir tmp;
+  expect_one_line_error(run("ckpt info " + (tmp.path() / "none").string()), 1, "is not a directory");
+  expect_one_line_error(run("ckpt info " + tmp.path().string()), 1, "holds no checkpoint");
+  expect_one_line_error(run("ckpt verify " + tmp.path().string() + " --step 3"), 1, "holds no checkpoint");
+  expect_one_line_error(run("ckpt info " + testing::testdata("orbax/compat_checkpoints/v0_checkpoints/direct_checkpoint/"
+                                                             "checkpoint_metadata_present/pytree_checkpointable_has_metadata")
+                                               .string()),
+                        1, "OCDBT");
+}
+
+}  // namespace
+}  // namespace tessel
