@@ -316,6 +316,21 @@ TEST(CheckpointRestore, UncompressedReadsOnlyTheBytesEachDeviceNeeds) {
   EXPECT_EQ(stats.staging_peak, 0);
 }
 
+TEST(CheckpointRestore, ColumnBlocksOfRowChunksAreReadOnceInSlabs) {
+  Runtime rt = Runtime::host(8);
+  TempDir tmp;
+  HostArray h = testing::iota({512, 64}, DType::kF32);
+  save(tmp.path() / "c", one_leaf("w", device_put(rt, h, NamedSharding(Mesh::parse("x=8"), {{"x"}}))));
+  State target;
+  target.insert("w", Variable::abstract(kParam, {512, 64}, DType::kF32, NamedSharding(Mesh::parse("y=8"), {{}, {"y"}})));
+  RestoreStats stats;
+  State got = restore(rt, tmp.path() / "c", target, {}, &stats);
+  EXPECT_EQ(to_host(got.at("w").array()), h);
+  EXPECT_EQ(stats.bytes_read, 512 * 64 * 4);  // each chunk once, not once per 32-byte piece
+  EXPECT_GT(stats.staging_peak, 0);
+  EXPECT_LE(stats.staging_peak, 2 * 64 * 64 * 4);
+}
+
 TEST(OrbaxCompat, LegacyZarrArraysRestore) {
   Runtime rt = Runtime::host(2);
   const fs::path dir = testing::testdata("orbax/legacy/aggregate_some.checkpoint");

@@ -443,6 +443,61 @@ void read_ranges(const LeafRead& p, const detail::File& f, const Box& chunk, con
   }
 }
 
+// True when the destinations need most of the chunk in short pieces (a column block out of
+// row-major chunks): then reading the chunk once, slab by slab, beats one read per piece.
+bool small_runs(const LeafRead& p, const Box& chunk, const ReadTask& task) {
+  int64_t runs = 0, elements = 0;
+  for (size_t d : task.dests) {
+    const Box region = chunk.intersect(p.dests[d].box);
+    elements += region.volume();
+    for_each_run(region, chunk, p.dests[d].box, [&](int64_t, int64_t, int64_t) { ++runs; });
+  }
+  const int64_t bytes = elements * static_cast<int64_t>(item_size(p.zarr.dtype()));
+  return runs > 64 && bytes / runs < (int64_t{64} << 10) && 2 * bytes >= p.zarr.chunk_bytes();
+}
+
+// An uncompressed chunk read whole, in slabs along its first dimension that fit the staging
+// budget, each scattered (and cast, if the dtypes differ) into the destinations.
+void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, const ReadTask& task,
+                const std::string& key, StagingBudget& staging, bool verify, Counters& counters) {
+  const int64_t chunk_bytes = p.zarr.chunk_bytes();
+  const size_t rank = chunk.rank();
+  const int64_t rows = rank == 0 ? 1 : chunk.extent(0);
+  const int64_t row_bytes = rows == 0 ? 0 : chunk_bytes / rows;
+  const int64_t slab_rows =
+      std::clamp<int64_t>(row_bytes == 0 ? rows : (int64_t{16} << 20) / row_bytes, 1, std::max<int64_t>(rows, 1));
+  const int64_t taken = staging.acquire(slab_rows * row_bytes);
+  struct Release {
+    StagingBudget& s;
+    int64_t taken, need;
+    ~Release() { s.release(taken, need); }
+  } release{staging, taken, slab_rows * row_bytes};
+  std::vector<std::byte> buf(static_cast<size_t>(slab_rows * row_bytes));
+  uint32_t crc = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
+    const int64_t r1 = std::min(rows, r0 + slab_rows);
+    std::span<std::byte> slab(buf.data(), static_cast<size_t>((r1 - r0) * row_bytes));
+    f.read_exact(r0 * row_bytes, slab);
+    counters.bytes += static_cast<int64_t>(slab.size());
+    if (verify) crc = detail::crc32c(slab, crc);
+    Box slab_box = chunk;
+    if (rank > 0) {
+      std::vector<int64_t> start(chunk.starts().begin(), chunk.starts().end());
+      std::vector<int64_t> stop(chunk.stops().begin(), chunk.stops().end());
+      start[0] = chunk.start(0) + r0;
+      stop[0] = chunk.start(0) + r1;
+      slab_box = Box(std::move(start), std::move(stop));
+    }
+    scatter(p, slab_box, slab.data(), task);
+  }
+  if (verify) {
+    auto it = p.meta->crc32c.find(key);
+    if (it != p.meta->crc32c.end() && crc != it->second) {
+      throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
+    }
+  }
+}
+
 void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, bool verify, Counters& counters) {
   const Box chunk = p.zarr.chunk_box(task.index);
   const std::string key = p.zarr.chunk_key(task.index);
@@ -464,16 +519,20 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, b
                      std::to_string(chunk_bytes));
   }
   counters.chunks += 1;
-  if (raw && p.zarr.dtype() == p.target_dtype) {
+  if (raw && p.zarr.dtype() == p.target_dtype && !small_runs(p, chunk, task)) {
     read_ranges(p, f, chunk, task, key, verify, counters);
     return;
   }
-  // Whole chunk through staging: compressed, or cast on the way.
-  if (!raw && size > chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20)) {
+  if (raw) {
+    read_slabs(p, f, chunk, task, key, staging, verify, counters);
+    return;
+  }
+  // A compressed chunk: decoded once, whole, for every destination.
+  if (size > chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20)) {
     throw ValueError(chunk_what(p, key) + ": " + std::to_string(size) + " stored bytes for a chunk of " +
                      std::to_string(chunk_bytes) + ": not a compressed chunk of this array");
   }
-  const int64_t need = (raw ? 0 : size) + chunk_bytes;
+  const int64_t need = size + chunk_bytes;
   const int64_t taken = staging.acquire(need);
   struct Release {
     StagingBudget& s;
@@ -481,8 +540,8 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, b
     ~Release() { s.release(taken, need); }
   } release{staging, taken, need};
   std::vector<std::byte> decoded(static_cast<size_t>(chunk_bytes));
-  std::vector<std::byte> encoded(raw ? 0 : static_cast<size_t>(size));
-  std::span<std::byte> stored = raw ? std::span<std::byte>(decoded) : std::span<std::byte>(encoded);
+  std::vector<std::byte> encoded(static_cast<size_t>(size));
+  std::span<std::byte> stored(encoded);
   f.read_exact(0, stored);
   counters.bytes += size;
   if (verify) {
@@ -491,7 +550,7 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, b
       throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
     }
   }
-  if (!raw) decompress(p.zarr.compression(), encoded, decoded, chunk_what(p, key));
+  decompress(p.zarr.compression(), encoded, decoded, chunk_what(p, key));
   scatter(p, chunk, decoded.data(), task);
 }
 

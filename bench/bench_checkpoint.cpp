@@ -1,0 +1,167 @@
+// Checkpoint figures, one measurement per process so each peak RSS is its own (driven by
+// bench/checkpoint_bench.sh, which prints the ratios):
+//   bench_checkpoint raw DIR BYTES          raw write+fsync and cached read of 8 files (1 and 2 threads)
+//   bench_checkpoint save DIR BYTES CODEC   a BYTES f32 state on fsdp=8, saved with CODEC (none, zstd:1)
+//   bench_checkpoint restore DIR MESH       restore onto MESH (logical axes through the rules)
+// Each prints one JSON object.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/state/init.h"
+
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int64_t peak_rss() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+const tessel::LogicalRules& rules() {
+  static const tessel::LogicalRules r({{"embed", {"fsdp"}}, {"mlp", {"tensor"}}}, {"data", "fsdp", "tensor"});
+  return r;
+}
+
+constexpr int64_t kRows = 8192, kCols = 4096;  // 128 MiB per parameter
+
+// Values like trained weights: random mantissas (they barely compress), a narrow exponent range.
+void fill(const tessel::Box& box, std::span<std::byte> out) {
+  auto* f = reinterpret_cast<float*>(out.data());
+  const int64_t n = box.volume();
+  uint64_t x = static_cast<uint64_t>(box.start(0)) * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const uint32_t bits = 0x3c000000u | static_cast<uint32_t>(x & 0x01ffffffu) | (static_cast<uint32_t>(x >> 63) << 31);
+    std::memcpy(f + i, &bits, 4);
+  }
+}
+
+nlohmann::json raw(const fs::path& dir, int64_t bytes) {
+  const int files = 8;
+  const int64_t each = bytes / files;
+  std::vector<std::byte> buf(static_cast<size_t>(each));
+  fill(tessel::Box({0}, {each / 4}), buf);
+  nlohmann::json j;
+  for (int threads : {1, 2}) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    auto t0 = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        for (int i = t; i < files; i += threads) {
+          auto f = tessel::detail::File::create(dir / std::to_string(i));
+          f.write_all(buf);
+          f.sync();
+          f.close();
+        }
+      });
+    }
+    for (auto& p : pool) p.join();
+    tessel::detail::sync_directory(dir);
+    j["write_fsync_gbps_" + std::to_string(threads)] = static_cast<double>(bytes) / since(t0) / 1e9;
+    // Cached read: the files were just written.
+    t0 = Clock::now();
+    pool.clear();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::vector<std::byte> in(static_cast<size_t>(each));
+        for (int i = t; i < files; i += threads) tessel::detail::File::open_read(dir / std::to_string(i)).read_exact(0, in);
+      });
+    }
+    for (auto& p : pool) p.join();
+    j["read_cached_gbps_" + std::to_string(threads)] = static_cast<double>(bytes) / since(t0) / 1e9;
+    // The same into fresh memory, as a restore must: the first touch of new pages is part of it.
+    std::vector<std::unique_ptr<std::byte[]>> fresh(files);
+    t0 = Clock::now();
+    pool.clear();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        for (int i = t; i < files; i += threads) {
+          fresh[i].reset(new std::byte[static_cast<size_t>(each)]);
+          tessel::detail::File::open_read(dir / std::to_string(i)).read_exact(0, {fresh[i].get(), static_cast<size_t>(each)});
+        }
+      });
+    }
+    for (auto& p : pool) p.join();
+    j["read_fresh_gbps_" + std::to_string(threads)] = static_cast<double>(bytes) / since(t0) / 1e9;
+  }
+  fs::remove_all(dir);
+  return j;
+}
+
+tessel::State make_state(const tessel::Runtime& rt, int64_t bytes) {
+  const tessel::Mesh mesh = tessel::Mesh::parse("fsdp=8", rules().mesh_axes());
+  tessel::State s;
+  const int64_t params = std::max<int64_t>(1, bytes / (kRows * kCols * 4));
+  for (int64_t i = 0; i < params; ++i) {
+    const auto part = tessel::Partitioning::by_logical({"embed", "mlp"});
+    const tessel::Shape shape{kRows, kCols};
+    auto sharding = tessel::resolve_sharding(part, shape, mesh, rules());
+    auto a = tessel::make_array_from_callback(rt, shape, tessel::DType::kF32, sharding, fill);
+    s.insert("layers/" + std::to_string(i) + "/kernel", tessel::Variable(tessel::kParam, a, part));
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string mode = argc > 1 ? argv[1] : "";
+    nlohmann::json j;
+    if (mode == "raw" && argc == 4) {
+      j = raw(argv[2], std::stoll(argv[3]));
+    } else if (mode == "save" && argc == 5) {
+      tessel::Runtime rt = tessel::Runtime::host(8);
+      tessel::State s = make_state(rt, std::stoll(argv[3]));
+      const int64_t before = peak_rss();
+      fs::remove_all(argv[2]);
+      auto t0 = Clock::now();
+      tessel::save(argv[2], s, {.compression = tessel::Compression::parse(argv[4]), .rules = rules()});
+      const double sec = since(t0);
+      j = {{"bytes", s.nbytes()}, {"seconds", sec}, {"gbps", static_cast<double>(s.nbytes()) / sec / 1e9},
+           {"rss_before", before}, {"peak_rss", peak_rss()}};
+    } else if (mode == "restore" && argc == 4) {
+      const tessel::Mesh mesh = tessel::Mesh::parse(argv[3], rules().mesh_axes());
+      tessel::Runtime rt = tessel::Runtime::host(mesh.device_count());
+      tessel::State target;
+      for (const auto& [path, v] : tessel::saved_abstract_state(argv[2])) {
+        target.insert(path, tessel::Variable::abstract(v.kind(), v.shape(), v.dtype(),
+                                                       tessel::resolve_sharding(v.partitioning(), v.shape(), mesh, rules()),
+                                                       v.partitioning()));
+      }
+      tessel::RestoreStats stats;
+      auto t0 = Clock::now();
+      tessel::State s = tessel::restore(rt, argv[2], target, {}, &stats);
+      const double sec = since(t0);
+      j = {{"bytes", s.nbytes()}, {"seconds", sec}, {"gbps", static_cast<double>(s.nbytes()) / sec / 1e9},
+           {"target_bytes", stats.target_bytes}, {"bytes_read", stats.bytes_read},
+           {"staging_peak", stats.staging_peak}, {"peak_rss", peak_rss()}};
+    } else {
+      std::cerr << "usage: bench_checkpoint raw DIR BYTES | save DIR BYTES CODEC | restore DIR MESH\n";
+      return 2;
+    }
+    std::cout << j.dump() << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_checkpoint: " << e.what() << "\n";
+    return 1;
+  }
+}
