@@ -709,25 +709,32 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     const ReadTask& task = tasks[static_cast<size_t>(t)];
     run_task(plans[task.param], task, staging, options.verify_checksums, counters);
   });
-  // Other local replicas copy their block from replica 0.
-  State out;
+  // Other local replicas copy their block from replica 0, in parallel: these are fresh pages too.
+  struct Copy {
+    std::byte* dst;
+    const std::byte* src;
+    size_t bytes;
+  };
+  std::vector<Copy> copies;
   for (auto& p : plans) {
-    std::map<int64_t, size_t> first;  // replica-0 shard index by block start
+    std::map<std::vector<int64_t>, size_t> first;  // replica-0 shard by block start
     for (size_t i = 0; i < p.builder->size(); ++i) {
       const Shard& s = p.builder->shard(i);
-      if (!p.builder->addressable(i)) continue;
-      if (s.replica_id == 0) continue;
-      for (size_t j = 0; j < p.builder->size(); ++j) {
-        const Shard& r = p.builder->shard(j);
-        if (r.replica_id == 0 && r.box == s.box && p.builder->addressable(j)) {
-          const auto n = static_cast<size_t>(s.box.volume()) * item_size(p.target_dtype);
-          if (n > 0) std::memcpy(p.builder->data(i), p.builder->data(j), n);
-          break;
-        }
-      }
+      if (p.builder->addressable(i) && s.replica_id == 0) first.emplace(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()), i);
     }
-    out.insert(p.path, Variable(p.kind, std::move(*p.builder).finish(), p.partitioning));
+    for (size_t i = 0; i < p.builder->size(); ++i) {
+      const Shard& s = p.builder->shard(i);
+      if (!p.builder->addressable(i) || s.replica_id == 0 || s.box.empty()) continue;
+      auto it = first.find(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()));
+      if (it == first.end()) continue;
+      copies.push_back({p.builder->data(i), p.builder->data(it->second),
+                        static_cast<size_t>(s.box.volume()) * item_size(p.target_dtype)});
+    }
   }
+  run_parallel(static_cast<int64_t>(copies.size()), default_threads(options.readers, 2),
+               [&](int64_t i) { std::memcpy(copies[i].dst, copies[i].src, copies[i].bytes); });
+  State out;
+  for (auto& p : plans) out.insert(p.path, Variable(p.kind, std::move(*p.builder).finish(), p.partitioning));
   if (stats) {
     stats->bytes_read = counters.bytes;
     stats->chunks_read = counters.chunks;
