@@ -323,6 +323,23 @@ class StagingBudget {
   int64_t peak_ = 0;
 };
 
+// Holds staging bytes for one scope.
+class StagingLease {
+ public:
+  StagingLease(StagingBudget& budget, int64_t bytes) : budget_(budget), bytes_(bytes), taken_(budget.acquire(bytes)) {}
+  ~StagingLease() { budget_.release(taken_, bytes_); }
+  StagingLease(const StagingLease&) = delete;
+  StagingLease& operator=(const StagingLease&) = delete;
+
+ private:
+  StagingBudget& budget_;
+  int64_t bytes_, taken_;
+};
+
+// The most stored bytes a compressed chunk of `chunk_bytes` may have: anything larger is not one
+// of this array's chunks, and is refused before it is read.
+int64_t max_stored_bytes(int64_t chunk_bytes) { return chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20); }
+
 struct Destination {
   std::byte* data;
   Box box;
@@ -355,6 +372,14 @@ struct ReadTask {
 
 std::string chunk_what(const LeafRead& p, const std::string& key) {
   return "'" + p.path + "' chunk " + key + " (" + (p.dir / key).string() + ")";
+}
+
+// Compares a chunk's CRC-32C with the saved one, when the checkpoint has it.
+void check_crc(const LeafRead& p, const std::string& key, uint32_t crc) {
+  auto it = p.meta->crc32c.find(key);
+  if (it != p.meta->crc32c.end() && crc != it->second) {
+    throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
+  }
 }
 
 fs::path chunk_file(const LeafRead& p, const std::string& key) {
@@ -431,13 +456,12 @@ void read_ranges(const LeafRead& p, const detail::File& f, const Box& chunk, con
     flush();
     if (verify && region == chunk) {
       // The whole chunk landed in this buffer: check it against the saved checksum.
-      auto it = p.meta->crc32c.find(key);
-      if (it != p.meta->crc32c.end()) {
+      if (p.meta->crc32c.contains(key)) {
         uint32_t crc = 0;
         for_each_run(region, chunk, dst.box, [&](int64_t, int64_t t, int64_t n) {
           crc = detail::crc32c({dst.data + t * static_cast<int64_t>(item), static_cast<size_t>(n) * item}, crc);
         });
-        if (crc != it->second) throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
+        check_crc(p, key, crc);
       }
     }
   }
@@ -466,12 +490,7 @@ void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, cons
   const int64_t row_bytes = rows == 0 ? 0 : chunk_bytes / rows;
   const int64_t slab_rows =
       std::clamp<int64_t>(row_bytes == 0 ? rows : (int64_t{16} << 20) / row_bytes, 1, std::max<int64_t>(rows, 1));
-  const int64_t taken = staging.acquire(slab_rows * row_bytes);
-  struct Release {
-    StagingBudget& s;
-    int64_t taken, need;
-    ~Release() { s.release(taken, need); }
-  } release{staging, taken, slab_rows * row_bytes};
+  StagingLease lease(staging, slab_rows * row_bytes);
   std::vector<std::byte> buf(static_cast<size_t>(slab_rows * row_bytes));
   uint32_t crc = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
@@ -490,12 +509,7 @@ void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, cons
     }
     scatter(p, slab_box, slab.data(), task);
   }
-  if (verify) {
-    auto it = p.meta->crc32c.find(key);
-    if (it != p.meta->crc32c.end() && crc != it->second) {
-      throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
-    }
-  }
+  if (verify) check_crc(p, key, crc);
 }
 
 void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, bool verify, Counters& counters) {
@@ -528,28 +542,17 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, b
     return;
   }
   // A compressed chunk: decoded once, whole, for every destination.
-  if (size > chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20)) {
+  if (size > max_stored_bytes(chunk_bytes)) {
     throw ValueError(chunk_what(p, key) + ": " + std::to_string(size) + " stored bytes for a chunk of " +
                      std::to_string(chunk_bytes) + ": not a compressed chunk of this array");
   }
-  const int64_t need = size + chunk_bytes;
-  const int64_t taken = staging.acquire(need);
-  struct Release {
-    StagingBudget& s;
-    int64_t taken, need;
-    ~Release() { s.release(taken, need); }
-  } release{staging, taken, need};
+  StagingLease lease(staging, size + chunk_bytes);
   std::vector<std::byte> decoded(static_cast<size_t>(chunk_bytes));
   std::vector<std::byte> encoded(static_cast<size_t>(size));
   std::span<std::byte> stored(encoded);
   f.read_exact(0, stored);
   counters.bytes += size;
-  if (verify) {
-    auto it = p.meta->crc32c.find(key);
-    if (it != p.meta->crc32c.end() && detail::crc32c(stored) != it->second) {
-      throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
-    }
-  }
+  if (verify) check_crc(p, key, detail::crc32c(stored));
   decompress(p.zarr.compression(), encoded, decoded, chunk_what(p, key));
   scatter(p, chunk, decoded.data(), task);
 }
@@ -818,7 +821,7 @@ VerifyReport verify(const fs::path& item_dir) {
         }
         detail::File f = detail::File::open_read(file);
         const int64_t size = f.size();
-        if (size > z->chunk_bytes() + z->chunk_bytes() / 8 + (int64_t{1} << 20)) {
+        if (size > max_stored_bytes(z->chunk_bytes())) {
           report.faults.push_back(chunk_what(plan, key) + ": " + std::to_string(size) + " bytes, too many for a chunk of " +
                                   std::to_string(z->chunk_bytes()));
           continue;
