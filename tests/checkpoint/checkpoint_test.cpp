@@ -302,6 +302,28 @@ TEST(CheckpointRestore, CompressedChunksAreDecodedOnceForAllDevices) {
   EXPECT_EQ(stats.target_bytes, 64 * 64 * 4);
 }
 
+TEST(CheckpointRestore, ChunksThatAreOneBlockDecodeStraightIntoItAndItsReplicas) {
+  Runtime rt = Runtime::host(8);
+  TempDir tmp;
+  HostArray h = testing::iota({256, 64}, DType::kF32);
+  save(tmp.path() / "c", one_leaf("w", device_put(rt, h, NamedSharding(Mesh::parse("x=4"), {{"x"}}))),
+       {.compression = Compression::zstd()});
+  State target;  // the saved blocks, each held by two devices
+  target.insert("w", Variable::abstract(kParam, {256, 64}, DType::kF32, NamedSharding(Mesh::parse("data=2,x=4"), {{"x"}})));
+  RestoreStats stats;
+  State got = restore(rt, tmp.path() / "c", target, {.readers = 1}, &stats);
+  EXPECT_EQ(to_host(got.at("w").array()), h);
+  for (const Shard& s : got.at("w").array().shards()) {  // replicas too, not only replica 0
+    SCOPED_TRACE(s.device);
+    const auto values = s.buffer.as<float>();
+    const auto expect = h.values<float>().subspan(static_cast<size_t>(s.box.start(0) * 64), values.size());
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), expect.begin()));
+  }
+  EXPECT_EQ(stats.chunks_read, 4);
+  // Only compressed bytes were staged: no chunk was decoded into a buffer of its own.
+  EXPECT_LT(stats.staging_peak, 64 * 64 * 4);
+}
+
 TEST(CheckpointRestore, UncompressedReadsOnlyTheBytesEachDeviceNeeds) {
   Runtime rt = Runtime::host(8);
   TempDir tmp;

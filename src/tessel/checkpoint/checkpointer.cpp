@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include <unistd.h>
 
@@ -62,17 +63,22 @@ int default_threads(int requested, int floor) {
   return std::clamp(cores, floor, 16);
 }
 
-// Runs fn(i) for i in [0, n) on `threads` threads; rethrows the first failure after all stop.
+// Runs fn(i), or fn(i, worker) with worker in [0, threads), for i in [0, n) on `threads`
+// threads; rethrows the first failure after all stop.
 template <class Fn>
 void run_parallel(int64_t n, int threads, Fn&& fn) {
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
   std::mutex mu;
-  auto work = [&] {
+  auto work = [&](int worker) {
     for (int64_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
       try {
-        fn(i);
+        if constexpr (std::is_invocable_v<Fn&, int64_t, int>) {
+          fn(i, worker);
+        } else {
+          fn(i);
+        }
       } catch (...) {
         std::lock_guard lock(mu);
         if (!error) error = std::current_exception();
@@ -82,8 +88,8 @@ void run_parallel(int64_t n, int threads, Fn&& fn) {
   };
   const int extra = static_cast<int>(std::min<int64_t>(threads, n)) - 1;
   std::vector<std::thread> pool;
-  for (int t = 0; t < extra; ++t) pool.emplace_back(work);
-  work();
+  for (int t = 0; t < extra; ++t) pool.emplace_back(work, t + 1);
+  work(0);
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
 }
@@ -340,10 +346,46 @@ class StagingLease {
 // of this array's chunks, and is refused before it is read.
 int64_t max_stored_bytes(int64_t chunk_bytes) { return chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20); }
 
+// One local block of a leaf: `data` is written from the chunks, `replicas` (other local copies
+// of the same block) receive the same bytes while they are still in cache.
 struct Destination {
   std::byte* data;
   Box box;
+  std::vector<std::byte*> replicas;
 };
+
+// A worker's reusable host buffer. A restore reads hundreds of chunks; a fresh buffer for each
+// would fault in (and have the kernel clear) every page of it again.
+class Scratch {
+ public:
+  // A buffer of n bytes, reused while n is within `keep` bytes; larger ones are temporary.
+  std::span<std::byte> get(size_t n, size_t keep, std::unique_ptr<std::byte[]>& temporary) {
+    if (n > keep) {
+      temporary.reset(new std::byte[n]);
+      return {temporary.get(), n};
+    }
+    if (n > size_) {
+      data_.reset();
+      data_.reset(new std::byte[n]);
+      size_ = n;
+    }
+    return {data_.get(), n};
+  }
+  size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  size_t size_ = 0;
+};
+
+// Per worker: one buffer for stored bytes and one for decoded ones, `keep` bytes each at most.
+struct WorkerBuffers {
+  Scratch stored, decoded;
+  size_t keep = 0;
+};
+
+// Slabs of a raw chunk small enough to stay in a core's L2 between the read and the scatter.
+constexpr int64_t kSlabBytes = int64_t{1} << 20;
 
 struct LeafRead {
   std::string path;
@@ -407,6 +449,7 @@ void scatter(const LeafRead& p, const Box& chunk, const std::byte* src, const Re
       } else {
         detail::convert_run(from, src + s * in, to, dst.data + t * out, n);
       }
+      for (std::byte* r : dst.replicas) std::memcpy(r + t * out, dst.data + t * out, static_cast<size_t>(n) * out);
     });
   }
 }
@@ -420,6 +463,9 @@ void fill_missing(const LeafRead& p, const Box& chunk, const ReadTask& task) {
     const Destination& dst = p.dests[d];
     for_each_run(chunk.intersect(dst.box), chunk, dst.box, [&](int64_t, int64_t t, int64_t n) {
       for (int64_t i = 0; i < n; ++i) std::memcpy(dst.data + (t + i) * static_cast<int64_t>(item), value.data(), item);
+      for (std::byte* r : dst.replicas) {
+        std::memcpy(r + t * static_cast<int64_t>(item), dst.data + t * static_cast<int64_t>(item), static_cast<size_t>(n) * item);
+      }
     });
   }
 }
@@ -430,40 +476,45 @@ struct Counters {
 };
 
 // An uncompressed chunk of the target dtype: each destination's runs are read straight into its
-// buffer, consecutive file runs in one preadv.
+// buffer, consecutive file runs in one preadv of at most kSlabBytes, so that the replica copies
+// and the checksum that follow each read find the bytes in cache.
 void read_ranges(const LeafRead& p, const detail::File& f, const Box& chunk, const ReadTask& task,
                  const std::string& key, bool verify, Counters& counters) {
-  const size_t item = item_size(p.zarr.dtype());
+  const int64_t item = static_cast<int64_t>(item_size(p.zarr.dtype()));
+  const int64_t piece = std::max<int64_t>(1, kSlabBytes / item);
   for (size_t d : task.dests) {
     const Destination& dst = p.dests[d];
     const Box region = chunk.intersect(dst.box);
+    // The whole chunk lands in this buffer, in file order: check it against the saved checksum.
+    const bool check = verify && region == chunk && p.meta->crc32c.contains(key);
+    uint32_t crc = 0;
     std::vector<iovec> iov;
     int64_t run_start = -1, run_end = -1;
     auto flush = [&] {
       if (iov.empty()) return;
-      f.read_scatter(run_start * static_cast<int64_t>(item), iov);
-      counters.bytes += (run_end - run_start) * static_cast<int64_t>(item);
+      f.read_scatter(run_start * item, iov);
+      counters.bytes += (run_end - run_start) * item;
+      for (const iovec& v : iov) {
+        auto* at = static_cast<std::byte*>(v.iov_base);
+        if (check) crc = detail::crc32c({at, v.iov_len}, crc);
+        for (std::byte* r : dst.replicas) std::memcpy(r + (at - dst.data), at, v.iov_len);
+      }
       iov.clear();
     };
     for_each_run(region, chunk, dst.box, [&](int64_t s, int64_t t, int64_t n) {
-      if (s != run_end || iov.size() >= 1024) {
-        flush();
-        run_start = s;
+      for (int64_t done = 0; done < n;) {
+        const int64_t len = std::min(n - done, piece);
+        if (s + done != run_end || iov.size() >= 1024 || run_end - run_start + len > piece) {
+          flush();
+          run_start = s + done;
+        }
+        iov.push_back({dst.data + (t + done) * item, static_cast<size_t>(len * item)});
+        run_end = s + done + len;
+        done += len;
       }
-      iov.push_back({dst.data + t * static_cast<int64_t>(item), static_cast<size_t>(n) * item});
-      run_end = s + n;
     });
     flush();
-    if (verify && region == chunk) {
-      // The whole chunk landed in this buffer: check it against the saved checksum.
-      if (p.meta->crc32c.contains(key)) {
-        uint32_t crc = 0;
-        for_each_run(region, chunk, dst.box, [&](int64_t, int64_t t, int64_t n) {
-          crc = detail::crc32c({dst.data + t * static_cast<int64_t>(item), static_cast<size_t>(n) * item}, crc);
-        });
-        check_crc(p, key, crc);
-      }
-    }
+    if (check) check_crc(p, key, crc);
   }
 }
 
@@ -480,18 +531,22 @@ bool small_runs(const LeafRead& p, const Box& chunk, const ReadTask& task) {
   return runs > 64 && bytes / runs < (int64_t{64} << 10) && 2 * bytes >= p.zarr.chunk_bytes();
 }
 
-// An uncompressed chunk read whole, in slabs along its first dimension that fit the staging
-// budget, each scattered (and cast, if the dtypes differ) into the destinations.
+// An uncompressed chunk read whole, in slabs along its first dimension of about kSlabBytes,
+// each scattered (and cast, if the dtypes differ) into the destinations.
 void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, const ReadTask& task,
-                const std::string& key, StagingBudget& staging, bool verify, Counters& counters) {
+                const std::string& key, StagingBudget& staging, WorkerBuffers& buffers, bool verify,
+                Counters& counters) {
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
   const size_t rank = chunk.rank();
   const int64_t rows = rank == 0 ? 1 : chunk.extent(0);
   const int64_t row_bytes = rows == 0 ? 0 : chunk_bytes / rows;
   const int64_t slab_rows =
-      std::clamp<int64_t>(row_bytes == 0 ? rows : (int64_t{16} << 20) / row_bytes, 1, std::max<int64_t>(rows, 1));
-  StagingLease lease(staging, slab_rows * row_bytes);
-  std::vector<std::byte> buf(static_cast<size_t>(slab_rows * row_bytes));
+      std::clamp<int64_t>(row_bytes == 0 ? rows : kSlabBytes / row_bytes, 1, std::max<int64_t>(rows, 1));
+  const int64_t slab_bytes = slab_rows * row_bytes;
+  const bool reused = static_cast<size_t>(slab_bytes) <= buffers.keep;
+  StagingLease lease(staging, reused ? 0 : slab_bytes);
+  std::unique_ptr<std::byte[]> temporary;
+  const std::span<std::byte> buf = buffers.stored.get(static_cast<size_t>(slab_bytes), buffers.keep, temporary);
   uint32_t crc = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
     const int64_t r1 = std::min(rows, r0 + slab_rows);
@@ -512,7 +567,8 @@ void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, cons
   if (verify) check_crc(p, key, crc);
 }
 
-void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, bool verify, Counters& counters) {
+void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, WorkerBuffers& buffers, bool verify,
+              Counters& counters) {
   const Box chunk = p.zarr.chunk_box(task.index);
   const std::string key = p.zarr.chunk_key(task.index);
   const fs::path file = chunk_file(p, key);
@@ -538,7 +594,7 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, b
     return;
   }
   if (raw) {
-    read_slabs(p, f, chunk, task, key, staging, verify, counters);
+    read_slabs(p, f, chunk, task, key, staging, buffers, verify, counters);
     return;
   }
   // A compressed chunk: decoded once, whole, for every destination.
@@ -546,14 +602,29 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, b
     throw ValueError(chunk_what(p, key) + ": " + std::to_string(size) + " stored bytes for a chunk of " +
                      std::to_string(chunk_bytes) + ": not a compressed chunk of this array");
   }
-  StagingLease lease(staging, size + chunk_bytes);
-  std::vector<std::byte> decoded(static_cast<size_t>(chunk_bytes));
-  std::vector<std::byte> encoded(static_cast<size_t>(size));
-  std::span<std::byte> stored(encoded);
+  // A chunk that is exactly one destination's block (the same mesh) decodes straight into it.
+  const Destination* whole = task.dests.size() == 1 ? &p.dests[task.dests.front()] : nullptr;
+  if (whole && (whole->box != chunk || p.zarr.dtype() != p.target_dtype ||
+                chunk.volume() * static_cast<int64_t>(item_size(p.target_dtype)) != chunk_bytes)) {
+    whole = nullptr;
+  }
+  const int64_t staged = size + (whole ? 0 : chunk_bytes);
+  const bool reused = static_cast<size_t>(size) <= buffers.keep && static_cast<size_t>(chunk_bytes) <= buffers.keep;
+  StagingLease lease(staging, reused ? 0 : staged);
+  std::unique_ptr<std::byte[]> temporary_stored, temporary_decoded;
+  const size_t keep = reused ? buffers.keep : 0;
+  const std::span<std::byte> stored = buffers.stored.get(static_cast<size_t>(size), keep, temporary_stored);
   f.read_exact(0, stored);
   counters.bytes += size;
   if (verify) check_crc(p, key, detail::crc32c(stored));
-  decompress(p.zarr.compression(), encoded, decoded, chunk_what(p, key));
+  if (whole) {
+    const std::span<std::byte> out(whole->data, static_cast<size_t>(chunk_bytes));
+    decompress(p.zarr.compression(), stored, out, chunk_what(p, key));
+    for (std::byte* r : whole->replicas) std::memcpy(r, whole->data, out.size());
+    return;
+  }
+  const std::span<std::byte> decoded = buffers.decoded.get(static_cast<size_t>(chunk_bytes), keep, temporary_decoded);
+  decompress(p.zarr.compression(), stored, decoded, chunk_what(p, key));
   scatter(p, chunk, decoded.data(), task);
 }
 
@@ -690,59 +761,51 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     }
   }
   for (auto& p : plans) p.builder->allocate_all();
-  // One task per chunk that some local replica-0 block needs, listing every such block.
+  // One destination per distinct local block (its other local copies ride along as replicas), and
+  // one task per chunk that some destination needs, listing every such destination.
   std::vector<ReadTask> tasks;
   for (size_t pi = 0; pi < plans.size(); ++pi) {
     LeafRead& p = plans[pi];
-    std::map<std::vector<int64_t>, size_t> by_chunk;
+    std::map<std::vector<int64_t>, size_t> by_block;  // block start -> destination
     for (size_t i = 0; i < p.builder->size(); ++i) {
       const Shard& s = p.builder->shard(i);
-      if (!p.builder->addressable(i) || s.replica_id != 0 || s.box.empty()) continue;
-      p.dests.push_back({p.builder->data(i), s.box});
-      for (auto& index : p.zarr.chunks_in(s.box)) {
+      if (!p.builder->addressable(i) || s.box.empty()) continue;
+      auto [it, fresh] = by_block.emplace(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()), p.dests.size());
+      if (fresh) {
+        p.dests.push_back({p.builder->data(i), s.box, {}});
+      } else {
+        p.dests[it->second].replicas.push_back(p.builder->data(i));
+      }
+    }
+    std::map<std::vector<int64_t>, size_t> by_chunk;
+    for (size_t d = 0; d < p.dests.size(); ++d) {
+      for (auto& index : p.zarr.chunks_in(p.dests[d].box)) {
         auto [it, fresh] = by_chunk.emplace(index, tasks.size());
         if (fresh) tasks.push_back({pi, index, {}});
-        tasks[it->second].dests.push_back(p.dests.size() - 1);
+        tasks[it->second].dests.push_back(d);
       }
     }
   }
-  StagingBudget staging(options.staging_bytes);
+  // Half of the staging budget for the workers' reusable buffers (two each), half for leases.
+  const int threads = static_cast<int>(std::min<int64_t>(default_threads(options.readers, 2), std::max<size_t>(tasks.size(), 1)));
+  const int64_t budget = std::max<int64_t>(options.staging_bytes, 2);
+  StagingBudget staging(budget / 2);
+  std::vector<WorkerBuffers> buffers(static_cast<size_t>(threads));
+  for (auto& b : buffers) b.keep = static_cast<size_t>(budget / 4 / threads);
   Counters counters;
-  run_parallel(static_cast<int64_t>(tasks.size()), default_threads(options.readers, 2), [&](int64_t t) {
+  run_parallel(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t, int worker) {
     const ReadTask& task = tasks[static_cast<size_t>(t)];
-    run_task(plans[task.param], task, staging, options.verify_checksums, counters);
+    run_task(plans[task.param], task, staging, buffers[static_cast<size_t>(worker)], options.verify_checksums, counters);
   });
-  // Other local replicas copy their block from replica 0, in parallel: these are fresh pages too.
-  struct Copy {
-    std::byte* dst;
-    const std::byte* src;
-    size_t bytes;
-  };
-  std::vector<Copy> copies;
-  for (auto& p : plans) {
-    std::map<std::vector<int64_t>, size_t> first;  // replica-0 shard by block start
-    for (size_t i = 0; i < p.builder->size(); ++i) {
-      const Shard& s = p.builder->shard(i);
-      if (p.builder->addressable(i) && s.replica_id == 0) first.emplace(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()), i);
-    }
-    for (size_t i = 0; i < p.builder->size(); ++i) {
-      const Shard& s = p.builder->shard(i);
-      if (!p.builder->addressable(i) || s.replica_id == 0 || s.box.empty()) continue;
-      auto it = first.find(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()));
-      if (it == first.end()) continue;
-      copies.push_back({p.builder->data(i), p.builder->data(it->second),
-                        static_cast<size_t>(s.box.volume()) * item_size(p.target_dtype)});
-    }
-  }
-  run_parallel(static_cast<int64_t>(copies.size()), default_threads(options.readers, 2),
-               [&](int64_t i) { std::memcpy(copies[i].dst, copies[i].src, copies[i].bytes); });
+  int64_t kept = 0;
+  for (const auto& b : buffers) kept += static_cast<int64_t>(b.stored.size() + b.decoded.size());
   State out;
   for (auto& p : plans) out.insert(p.path, Variable(p.kind, std::move(*p.builder).finish(), p.partitioning));
   if (stats) {
     stats->bytes_read = counters.bytes;
     stats->chunks_read = counters.chunks;
     stats->target_bytes = target_bytes;
-    stats->staging_peak = staging.peak();
+    stats->staging_peak = staging.peak() + kept;
     stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return out;
