@@ -6,6 +6,7 @@ find_package(CLI11 2.1 REQUIRED)            # libcli11-dev
 find_package(PkgConfig REQUIRED)            # pkg-config
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)   # libzstd-dev
 pkg_check_modules(BLOSC REQUIRED IMPORTED_TARGET blosc)    # libblosc-dev
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)  # libopenblas-dev
 if(TESSEL_BUILD_TESTS)
   find_package(GTest REQUIRED)              # libgtest-dev
 endif()

@@ -3,7 +3,7 @@
 # Usage: scripts/install-deps.sh [build|test]   (test adds clang for the fuzzers, PyYAML for bench)
 set -euo pipefail
 packages=(cmake make g++ pkg-config nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev)
+          libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev)
 if [ "${1:-build}" = test ]; then
   packages+=(clang libclang-rt-14-dev python3 python3-yaml python3-zarr)
 fi

@@ -1,0 +1,23 @@
+// Internal: the per-device side of the ops. Each device computes its own output block from its
+// own input blocks, on the runtime's worker pool; BLAS runs single-threaded inside each task so
+// pool threads x BLAS threads stays within the cores.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "tessel/core/box.h"
+#include "tessel/runtime/array.h"
+
+namespace tessel::ops::detail {
+
+// A concrete array on `sharding` whose every addressable block is written by fn(device, box, out).
+Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                     const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
+
+// Row-major C[m,n] = op(A) op(B) (+ C when accumulate), f32 or f64; op transposes when asked.
+void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
+          const std::byte* b, std::byte* c, bool accumulate);
+
+}  // namespace tessel::ops::detail

@@ -1,0 +1,618 @@
+#include "tessel/ops/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include "tessel/core/error.h"
+#include "tessel/ops/autodiff.h"
+#include "tessel/ops/detail/local.h"
+#include "tessel/ops/detail/node.h"
+#include "tessel/runtime/collectives.h"
+#include "tessel/runtime/reshard.h"
+
+namespace tessel::ops {
+namespace {
+
+using Dims = std::vector<DimSharding>;
+using Axes = std::vector<std::string>;
+
+Dims dims_of(const NamedSharding& s, size_t rank) {
+  Dims d(rank);
+  for (size_t i = 0; i < std::min(rank, s.spec().size()); ++i) d[i] = s.spec()[i];
+  return d;
+}
+
+NamedSharding with_dims(const Mesh& mesh, const Dims& dims) { return NamedSharding(mesh, PartitionSpec(dims)); }
+
+bool contains(const Axes& axes, const std::string& a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); }
+bool disjoint(const Axes& a, const Axes& b) {
+  return std::none_of(a.begin(), a.end(), [&](const std::string& x) { return contains(b, x); });
+}
+Axes minus(const Axes& a, const Axes& b) {
+  Axes out;
+  for (const auto& x : a) {
+    if (!contains(b, x)) out.push_back(x);
+  }
+  return out;
+}
+Axes all_axes(const Dims& dims) {
+  Axes out;
+  for (const auto& d : dims) out.insert(out.end(), d.begin(), d.end());
+  return out;
+}
+Axes united(Axes a, const Axes& b) {
+  for (const auto& x : b) {
+    if (!contains(a, x)) a.push_back(x);
+  }
+  std::sort(a.begin(), a.end());
+  return a;
+}
+
+// --- the graph
+Tensor record(Tensor out, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward) {
+  if (!detail::recording()) return out;
+  if (std::none_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.node() != nullptr; })) return out;
+  auto node = std::make_shared<detail::Node>();
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  return out.with_node(std::move(node));
+}
+
+Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding, Axes partial,
+              const std::function<void(int64_t, const Box&, std::byte*)>& fn) {
+  if (like.is_abstract()) return Tensor::abstract(shape, dtype, sharding, std::move(partial));
+  Array a = detail::compute_shards(like.shards().runtime(), shape, dtype, sharding, fn);
+  return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), std::move(partial));
+}
+
+void check_float(const Tensor& t, const char* op) {
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kF64) {
+    throw ValueError(std::string(op) + " takes f32 or f64 tensors, not " + t.to_string());
+  }
+}
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.dtype() != b.dtype()) {
+    throw ValueError(std::string(op) + ": dtypes differ: " + a.to_string() + " and " + b.to_string() + " (cast one)");
+  }
+}
+void check_same_mesh(const Tensor& a, const Tensor& b, const char* op) {
+  if (!(a.mesh() == b.mesh())) {
+    throw ShardingError(std::string(op) + ": operands live on different meshes, " + a.mesh().to_string() + " and " +
+                        b.mesh().to_string() + " (reshard one)");
+  }
+}
+
+const std::byte* block(const Tensor& t, int64_t device) { return t.shards().shard(device).buffer.data(); }
+const Box& block_box(const Tensor& t, int64_t device) { return t.shards().shard(device).box; }
+
+// Redistribution of a non-partial tensor (no recording: callers record their own gradient).
+Tensor reshard_raw(const Tensor& x, const NamedSharding& target) {
+  if (x.sharding() == target) return x;
+  if (x.is_abstract()) return Tensor::abstract(x.shape(), x.dtype(), target);
+  return Tensor(tessel::reshard(x.array(), target));
+}
+
+int64_t blocks_of(const Mesh& mesh, const DimSharding& axes) {
+  int64_t n = 1;
+  for (const auto& a : axes) n *= mesh.axis_size(a);
+  return n;
+}
+
+// Reduces the partial axes of x: reduce-scatter into `target`'s dimensions where the target
+// splits a dimension further over a partial axis (and the split is even), all-reduce the rest.
+Tensor reduce_raw(const Tensor& x, const NamedSharding* target) {
+  if (!x.is_partial()) return x;
+  Dims dims = dims_of(x.sharding(), x.rank());
+  Axes left = x.partial();
+  std::optional<Array> a;
+  if (!x.is_abstract()) a = x.shards();
+  if (target && target->mesh() == x.mesh()) {
+    const Dims want = dims_of(*target, x.rank());
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (size_t d = 0; d < dims.size(); ++d) {
+        for (const auto& axis : Axes(left)) {
+          DimSharding next = dims[d];
+          next.push_back(axis);
+          if (want[d].size() < next.size() || !std::equal(next.begin(), next.end(), want[d].begin())) continue;
+          if (x.shape()[d] % blocks_of(x.mesh(), next) != 0) continue;
+          if (a) a = reduce_scatter(*a, {axis}, d, Reduction::kSum);
+          dims[d] = next;
+          left = minus(left, {axis});
+          progress = true;
+        }
+      }
+    }
+  }
+  if (a && !left.empty()) a = all_reduce(*a, left, Reduction::kSum);
+  if (a) return Tensor(std::move(*a));
+  return Tensor::abstract(x.shape(), x.dtype(), with_dims(x.mesh(), dims));
+}
+
+// Bytes a device receives to turn its block of `from` into its block of `to` (0 when `to` only
+// splits `from` further: a local slice).
+int64_t redistribution_bytes(const Tensor& t, const Dims& from, const Dims& to) {
+  bool local = true;
+  for (size_t d = 0; d < from.size(); ++d) {
+    if (to[d].size() < from[d].size() || !std::equal(from[d].begin(), from[d].end(), to[d].begin())) local = false;
+  }
+  if (local) return 0;
+  int64_t n = static_cast<int64_t>(item_size(t.dtype()));
+  for (size_t d = 0; d < to.size(); ++d) n *= (t.shape()[d] + blocks_of(t.mesh(), to[d]) - 1) / blocks_of(t.mesh(), to[d]);
+  return n;
+}
+
+// --- matrix products
+// out[..., n] = sum_k a[..., k] * B[k, n], B = b or b^T. `kk` splits k on both operands.
+struct DotPlan {
+  Dims a, b, out;
+  Axes partial;
+};
+
+DotPlan plan_dot(const Tensor& a, const Tensor& b, bool trans_b) {
+  const size_t ka = a.rank() - 1, kb = trans_b ? 1 : 0, nb = 1 - kb;
+  const Dims ad = dims_of(a.sharding(), a.rank()), bd = dims_of(b.sharding(), 2);
+  Dims lead(ad.begin(), ad.end() - 1);
+  const Axes used = all_axes(lead);
+  const DimSharding n_axes = minus(bd[nb], used);
+  Axes forbidden = united(used, n_axes);
+  auto usable = [&](const DimSharding& k) { return disjoint(k, forbidden) ? k : DimSharding{}; };
+  // Candidates for the split of k: a's, b's, none. Cost: bytes moved now plus, for a split k, the
+  // reduction of the partial result later (about twice the output block).
+  std::vector<DimSharding> candidates{usable(ad[ka]), usable(bd[kb]), {}};
+  int64_t out_block = static_cast<int64_t>(item_size(a.dtype())) * (b.shape()[nb] + blocks_of(a.mesh(), n_axes) - 1) /
+                      blocks_of(a.mesh(), n_axes);
+  for (size_t d = 0; d < ka; ++d) out_block *= (a.shape()[d] + blocks_of(a.mesh(), lead[d]) - 1) / blocks_of(a.mesh(), lead[d]);
+  DotPlan best;
+  int64_t best_cost = -1;
+  for (const auto& k : candidates) {
+    Dims na = ad, nbd = bd;
+    na[ka] = k;
+    nbd[kb] = k;
+    nbd[nb] = n_axes;
+    const int64_t cost = redistribution_bytes(a, ad, na) + redistribution_bytes(b, bd, nbd) + (k.empty() ? 0 : 2 * out_block);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      Dims out = lead;
+      out.push_back(n_axes);
+      best = {na, nbd, out, k};
+      std::sort(best.partial.begin(), best.partial.end());
+    }
+  }
+  return best;
+}
+
+Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
+  const char* op = trans_b ? "dot_nt" : "dot";
+  check_float(a_in, op);
+  check_same_dtype(a_in, b_in, op);
+  check_same_mesh(a_in, b_in, op);
+  const size_t kb = trans_b ? 1 : 0;
+  if (a_in.rank() < 1 || b_in.rank() != 2 || a_in.shape()[a_in.rank() - 1] != b_in.shape()[kb]) {
+    throw ValueError(std::string(op) + ": shapes do not contract: " + a_in.to_string() + " and " + b_in.to_string());
+  }
+  const Tensor a0 = reduce_raw(a_in, nullptr), b0 = reduce_raw(b_in, nullptr);
+  const DotPlan plan = plan_dot(a0, b0, trans_b);
+  const Tensor a = reshard_raw(a0, with_dims(a0.mesh(), plan.a));
+  const Tensor b = reshard_raw(b0, with_dims(b0.mesh(), plan.b));
+  std::vector<int64_t> out_dims(a.shape().dims().begin(), a.shape().dims().end() - 1);
+  out_dims.push_back(b.shape()[1 - kb]);
+  const Shape shape(out_dims);
+  return output(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
+                [&](int64_t device, const Box& box, std::byte* out) {
+                  const Box& ab = block_box(a, device);
+                  const int64_t k = ab.extent(ab.rank() - 1);
+                  const int64_t m = box.volume() / std::max<int64_t>(box.extent(box.rank() - 1), 1);
+                  const int64_t n = box.extent(box.rank() - 1);
+                  if (box.volume() == 0) return;
+                  detail::gemm(a.dtype(), false, trans_b, m, n, k, block(a, device), block(b, device), out, false);
+                });
+}
+
+// --- elementwise
+Shape broadcast_shape(const Shape& a, const Shape& b, const char* op) {
+  const size_t r = std::max(a.rank(), b.rank());
+  std::vector<int64_t> out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t x = i < r - a.rank() ? 1 : a[i - (r - a.rank())];
+    const int64_t y = i < r - b.rank() ? 1 : b[i - (r - b.rank())];
+    if (x != y && x != 1 && y != 1) {
+      throw ValueError(std::string(op) + ": shapes " + a.to_string() + " and " + b.to_string() + " do not broadcast");
+    }
+    out[i] = x == 1 ? y : x;
+  }
+  return Shape(out);
+}
+
+// x's dims as they must be for an output with `out` dims: broadcast dimensions unsplit.
+Dims operand_dims(const Shape& x, const Shape& shape, const Dims& out) {
+  const size_t off = shape.rank() - x.rank();
+  Dims d(x.rank());
+  for (size_t i = 0; i < x.rank(); ++i) d[i] = x[i] == shape[i + off] ? out[i + off] : DimSharding{};
+  return d;
+}
+
+template <class T, class Fn>
+void broadcast_loop(const Box& box, const Box& ab, const Shape& as, const Box& bb, const Shape& bs, const T* a,
+                    const T* b, T* out, Fn fn) {
+  const size_t r = box.rank();
+  std::vector<int64_t> sa(r, 0), sb(r, 0), ext(r);
+  auto strides = [&](const Box& xb, const Shape& xs, std::vector<int64_t>& s) {
+    const size_t off = r - xs.rank();
+    int64_t stride = 1;
+    for (size_t i = xs.rank(); i-- > 0;) {
+      s[i + off] = xs[i] == 1 && box.extent(i + off) != 1 ? 0 : stride;
+      stride *= xb.extent(i);
+    }
+  };
+  strides(ab, as, sa);
+  strides(bb, bs, sb);
+  for (size_t i = 0; i < r; ++i) ext[i] = box.extent(i);
+  if (box.volume() == 0) return;
+  if (r == 0) {
+    out[0] = fn(a[0], b[0]);
+    return;
+  }
+  const int64_t inner = ext[r - 1], ia = sa[r - 1], ib = sb[r - 1];
+  std::vector<int64_t> idx(r, 0);
+  int64_t oa = 0, ob = 0, oo = 0;
+  for (;;) {
+    for (int64_t j = 0; j < inner; ++j) out[oo + j] = fn(a[oa + j * ia], b[ob + j * ib]);
+    oo += inner;
+    size_t d = r - 1;
+    for (;;) {
+      if (d == 0) return;
+      --d;
+      ++idx[d];
+      oa += sa[d];
+      ob += sb[d];
+      if (idx[d] < ext[d]) break;
+      oa -= sa[d] * ext[d];
+      ob -= sb[d] * ext[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+enum class Binary { kAdd, kSub, kMul, kReluGrad };
+
+template <class T>
+void run_binary(Binary op, const Box& box, const Box& ab, const Shape& as, const Box& bb, const Shape& bs,
+                const std::byte* a, const std::byte* b, std::byte* out) {
+  auto* pa = reinterpret_cast<const T*>(a);
+  auto* pb = reinterpret_cast<const T*>(b);
+  auto* po = reinterpret_cast<T*>(out);
+  switch (op) {
+    case Binary::kAdd: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x + y; });
+    case Binary::kSub: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x - y; });
+    case Binary::kMul: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x * y; });
+    case Binary::kReluGrad:  // a: the forward input, b: the gradient
+      return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T g) { return x > T(0) ? g : T(0); });
+  }
+}
+
+Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char* name) {
+  check_float(a_in, name);
+  check_same_dtype(a_in, b_in, name);
+  check_same_mesh(a_in, b_in, name);
+  const Shape shape = broadcast_shape(a_in.shape(), b_in.shape(), name);
+  // Linear cases keep a partial sum: a sum of two partials over the same axes, or a product with
+  // one partial factor.
+  Tensor a = a_in, b = b_in;
+  Axes partial;
+  const bool linear_add = (op == Binary::kAdd || op == Binary::kSub) && a.partial() == b.partial();
+  const bool linear_mul = op == Binary::kMul && (a.is_partial() != b.is_partial());
+  if (linear_add) {
+    partial = a.partial();
+  } else if (linear_mul) {
+    partial = a.is_partial() ? a.partial() : b.partial();
+    if (a.is_partial()) b = reduce_raw(b, nullptr);
+    else a = reduce_raw(a, nullptr);
+  } else {
+    a = reduce_raw(a, nullptr);
+    b = reduce_raw(b, nullptr);
+  }
+  // Output dims: a's where a spans the dimension, else b's, never an axis twice or a partial axis.
+  const size_t r = shape.rank();
+  const Dims ad = dims_of(a.sharding(), a.rank()), bd = dims_of(b.sharding(), b.rank());
+  Dims out(r);
+  Axes used = partial;
+  for (size_t i = 0; i < r; ++i) {
+    const size_t oa = r - a.rank();
+    if (i >= oa && a.shape()[i - oa] == shape[i]) {
+      out[i] = minus(ad[i - oa], used);
+      used = united(used, out[i]);
+    }
+  }
+  for (size_t i = 0; i < r; ++i) {
+    const size_t ob = r - b.rank();
+    if (out[i].empty() && i >= ob && b.shape()[i - ob] == shape[i]) {
+      out[i] = minus(bd[i - ob], used);
+      used = united(used, out[i]);
+    }
+  }
+  auto place = [&](const Tensor& x) {
+    const Dims want = operand_dims(x.shape(), shape, out);
+    if (!x.is_partial()) return reshard_raw(x, with_dims(x.mesh(), want));
+    if (dims_of(x.sharding(), x.rank()) != want) {
+      // A partial operand cannot move between blocks as is: reduce, move, and it is no longer
+      // partial, which the caller's linear case does not allow; so this only happens when its
+      // sharding already fits (the output's dims came from it).
+      throw ShardingError(std::string(name) + ": internal: partial operand " + x.to_string() + " needs a reshard");
+    }
+    return x;
+  };
+  // A partial operand's sharding fixes the output dims it spans; make sure both agree.
+  if (a.is_partial() && dims_of(a.sharding(), a.rank()) != operand_dims(a.shape(), shape, out)) {
+    a = reduce_raw(a, nullptr);
+    if (!linear_mul) b = reduce_raw(b, nullptr);
+    partial = b.is_partial() ? b.partial() : Axes{};
+    return binary_raw(op, a, b, name);
+  }
+  if (b.is_partial() && dims_of(b.sharding(), b.rank()) != operand_dims(b.shape(), shape, out)) {
+    b = reduce_raw(b, nullptr);
+    if (!linear_mul) a = reduce_raw(a, nullptr);
+    return binary_raw(op, a, b, name);
+  }
+  a = place(a);
+  b = place(b);
+  const DType dtype = a.dtype();
+  return output(a, shape, dtype, with_dims(a.mesh(), out), partial, [&](int64_t device, const Box& box, std::byte* o) {
+    if (dtype == DType::kF32) {
+      run_binary<float>(op, box, block_box(a, device), a.shape(), block_box(b, device), b.shape(), block(a, device),
+                        block(b, device), o);
+    } else {
+      run_binary<double>(op, box, block_box(a, device), a.shape(), block_box(b, device), b.shape(), block(a, device),
+                         block(b, device), o);
+    }
+  });
+}
+
+enum class Unary { kNeg, kScale, kRelu, kSquare, kZero };
+
+Tensor unary_raw(Unary op, const Tensor& x_in, double factor, const char* name) {
+  check_float(x_in, name);
+  const bool linear = op == Unary::kNeg || op == Unary::kScale || op == Unary::kZero;
+  const Tensor x = linear ? x_in : reduce_raw(x_in, nullptr);
+  auto apply = [&](auto* in, auto* out, int64_t n) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
+    const T f = static_cast<T>(factor);
+    switch (op) {
+      case Unary::kNeg: for (int64_t i = 0; i < n; ++i) out[i] = -in[i]; break;
+      case Unary::kScale: for (int64_t i = 0; i < n; ++i) out[i] = in[i] * f; break;
+      case Unary::kRelu: for (int64_t i = 0; i < n; ++i) out[i] = in[i] > T(0) ? in[i] : T(0); break;
+      case Unary::kSquare: for (int64_t i = 0; i < n; ++i) out[i] = in[i] * in[i]; break;
+      case Unary::kZero: std::fill(out, out + n, T(0)); break;  // not in * 0: inf * 0 is NaN
+    }
+  };
+  return output(x, x.shape(), x.dtype(), x.sharding(), x.partial(), [&](int64_t device, const Box& box, std::byte* o) {
+    if (x.dtype() == DType::kF32) {
+      apply(reinterpret_cast<const float*>(block(x, device)), reinterpret_cast<float*>(o), box.volume());
+    } else {
+      apply(reinterpret_cast<const double*>(block(x, device)), reinterpret_cast<double*>(o), box.volume());
+    }
+  });
+}
+
+// --- reductions
+// Sums over `dim`, dropping it or keeping it with size 1. A split `dim` leaves a partial sum over
+// its axes.
+Tensor sum_raw(const Tensor& x, size_t dim, bool keep) {
+  check_float(x, "sum");
+  if (dim >= x.rank()) throw ValueError("sum: dimension " + std::to_string(dim) + " of " + x.to_string());
+  Dims d = dims_of(x.sharding(), x.rank());
+  const Axes partial = united(x.partial(), d[dim]);
+  std::vector<int64_t> shape(x.shape().dims().begin(), x.shape().dims().end());
+  if (keep) {
+    shape[dim] = 1;
+    d[dim] = {};
+  } else {
+    shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(dim));
+    d.erase(d.begin() + static_cast<std::ptrdiff_t>(dim));
+  }
+  return output(x, Shape(shape), x.dtype(), with_dims(x.mesh(), d), partial, [&](int64_t device, const Box&, std::byte* o) {
+    const Box& xb = block_box(x, device);
+    int64_t outer = 1, inner = 1;
+    for (size_t i = 0; i < dim; ++i) outer *= xb.extent(i);
+    for (size_t i = dim + 1; i < xb.rank(); ++i) inner *= xb.extent(i);
+    const int64_t n = xb.extent(dim);
+    auto run = [&](auto* in, auto* out) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
+      for (int64_t a = 0; a < outer; ++a) {
+        T* row = out + a * inner;
+        std::fill(row, row + inner, T(0));
+        for (int64_t j = 0; j < n; ++j) {
+          const T* src = in + (a * n + j) * inner;
+          for (int64_t i = 0; i < inner; ++i) row[i] += src[i];
+        }
+      }
+    };
+    if (x.dtype() == DType::kF32) {
+      run(reinterpret_cast<const float*>(block(x, device)), reinterpret_cast<float*>(o));
+    } else {
+      run(reinterpret_cast<const double*>(block(x, device)), reinterpret_cast<double*>(o));
+    }
+  });
+}
+
+}  // namespace
+
+// --- public ops with their gradients
+
+Tensor reduce(const Tensor& x) {
+  if (!x.is_partial()) return x;
+  return record(reduce_raw(x, nullptr), {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+Tensor reshard(const Tensor& x, const NamedSharding& target) {
+  if (target.spec().size() > x.rank()) {
+    throw ValueError("reshard: " + target.spec().to_string() + " has more dimensions than " + x.to_string());
+  }
+  Tensor out = reduce_raw(x, &target);
+  out = reshard_raw(out, target);
+  const NamedSharding from = x.sharding();
+  return record(out, {x}, [from](const Tensor& g) { return std::vector<Tensor>{reshard(g, from)}; });
+}
+
+Tensor with_sharding_constraint(const Tensor& x, const PartitionSpec& spec) {
+  return reshard(x, NamedSharding(x.mesh(), spec));
+}
+
+Tensor dot(const Tensor& a, const Tensor& b) {
+  return record(dot_impl(a, b, false), {a, b}, [a, b](const Tensor& g) {
+    return std::vector<Tensor>{dot_nt(g, b), dot_tn(a, g)};
+  });
+}
+
+Tensor dot_nt(const Tensor& g, const Tensor& b) {
+  return record(dot_impl(g, b, true), {g, b}, [g, b](const Tensor& dy) {
+    return std::vector<Tensor>{dot(dy, b), dot_tn(dy, g)};
+  });
+}
+
+Tensor dot_tn(const Tensor& a_in, const Tensor& g_in) {
+  check_float(a_in, "dot_tn");
+  check_same_dtype(a_in, g_in, "dot_tn");
+  check_same_mesh(a_in, g_in, "dot_tn");
+  const size_t r = a_in.rank();
+  if (r < 1 || g_in.rank() != r ||
+      !std::equal(a_in.shape().dims().begin(), a_in.shape().dims().end() - 1, g_in.shape().dims().begin())) {
+    throw ValueError("dot_tn: leading dimensions differ: " + a_in.to_string() + " and " + g_in.to_string());
+  }
+  Tensor a = reduce_raw(a_in, nullptr), g = reduce_raw(g_in, nullptr);
+  const Dims ad = dims_of(a.sharding(), r), gd = dims_of(g.sharding(), r);
+  // Output [k, n]: k split like a's last dim, n like g's (minus what k uses); the leading
+  // dimensions are contracted where a splits them, and g follows a there.
+  const DimSharding k_axes = ad[r - 1];
+  const DimSharding n_axes = minus(gd[r - 1], k_axes);
+  const Axes forbidden = united(k_axes, n_axes);
+  Dims na = ad, ng = gd;
+  Axes partial;
+  for (size_t i = 0; i + 1 < r; ++i) {
+    const DimSharding lead = disjoint(ad[i], forbidden) ? ad[i] : (disjoint(gd[i], forbidden) ? gd[i] : DimSharding{});
+    na[i] = lead;
+    ng[i] = lead;
+    partial = united(partial, lead);
+  }
+  ng[r - 1] = n_axes;
+  // Leading dims chosen from g may clash with a's k axes only if a used them there: checked above.
+  a = reshard_raw(a, with_dims(a.mesh(), na));
+  g = reshard_raw(g, with_dims(g.mesh(), ng));
+  const Shape shape{a.shape()[r - 1], g.shape()[r - 1]};
+  Tensor out = output(a, shape, a.dtype(), with_dims(a.mesh(), {k_axes, n_axes}), partial,
+                      [&](int64_t device, const Box& box, std::byte* o) {
+                        const Box& ab = block_box(a, device);
+                        const int64_t rows = ab.volume() / std::max<int64_t>(ab.extent(r - 1), 1);
+                        if (box.volume() == 0) return;
+                        detail::gemm(a.dtype(), true, false, box.extent(0), box.extent(1), rows, block(a, device),
+                                     block(g, device), o, false);
+                      });
+  return record(out, {a_in, g_in}, [a_in, g_in](const Tensor& dc) {
+    return std::vector<Tensor>{dot_nt(g_in, dc), dot(a_in, dc)};
+  });
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return record(binary_raw(Binary::kAdd, a, b, "add"), {a, b}, [as = a.shape(), bs = b.shape()](const Tensor& g) {
+    return std::vector<Tensor>{sum_to(g, as), sum_to(g, bs)};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return record(binary_raw(Binary::kSub, a, b, "sub"), {a, b}, [as = a.shape(), bs = b.shape()](const Tensor& g) {
+    return std::vector<Tensor>{sum_to(g, as), neg(sum_to(g, bs))};
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return record(binary_raw(Binary::kMul, a, b, "mul"), {a, b}, [a, b](const Tensor& g) {
+    return std::vector<Tensor>{sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
+  });
+}
+
+Tensor neg(const Tensor& x) {
+  return record(unary_raw(Unary::kNeg, x, 0, "neg"), {x}, [](const Tensor& g) { return std::vector<Tensor>{neg(g)}; });
+}
+
+Tensor scale(const Tensor& x, double factor) {
+  return record(unary_raw(Unary::kScale, x, factor, "scale"), {x},
+                [factor](const Tensor& g) { return std::vector<Tensor>{scale(g, factor)}; });
+}
+
+Tensor relu(const Tensor& x) {
+  return record(unary_raw(Unary::kRelu, x, 0, "relu"), {x}, [x](const Tensor& g) {
+    return std::vector<Tensor>{binary_raw(Binary::kReluGrad, x, g, "relu gradient")};
+  });
+}
+
+Tensor square(const Tensor& x) {
+  return record(unary_raw(Unary::kSquare, x, 0, "square"), {x},
+                [x](const Tensor& g) { return std::vector<Tensor>{mul(g, scale(x, 2.0))}; });
+}
+
+namespace {
+// The gradient of a sum over `dim`: g broadcast back along it, on x's sharding.
+Tensor expand_like(const Tensor& g, const Tensor& x, size_t dim, bool kept) {
+  Tensor gk = g;
+  if (!kept) {
+    // Reinsert the summed dimension with size 1; the add below broadcasts along it.
+    std::vector<int64_t> shape(g.shape().dims().begin(), g.shape().dims().end());
+    shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(dim), 1);
+    Dims d = dims_of(g.sharding(), g.rank());
+    d.insert(d.begin() + static_cast<std::ptrdiff_t>(dim), DimSharding{});
+    const Tensor placed = reduce_raw(g, nullptr);
+    if (placed.is_abstract()) {
+      gk = Tensor::abstract(Shape(shape), placed.dtype(), with_dims(placed.mesh(), d));
+    } else {
+      // Same bytes, one more dimension of size 1: rebuild the array around the same buffers.
+      const Array& a = placed.array();
+      std::vector<Shard> shards;
+      const NamedSharding s = with_dims(a.mesh(), d);
+      for (const Shard& sh : a.shards()) {
+        shards.push_back({sh.device, s.device_box(sh.device, Shape(shape)), sh.replica_id, sh.buffer});
+      }
+      gk = Tensor(Array(a.runtime(), Shape(shape), a.dtype(), s, std::move(shards)));
+    }
+  }
+  // Broadcast by adding zeros of x's shape and sharding (simple; a dedicated kernel can come later).
+  return binary_raw(Binary::kAdd, gk, unary_raw(Unary::kZero, x, 0.0, "zeros"), "sum gradient");
+}
+}  // namespace
+
+Tensor sum(const Tensor& x, size_t dim) {
+  return record(sum_raw(x, dim, false), {x}, [x, dim](const Tensor& g) {
+    return std::vector<Tensor>{expand_like(g, x, dim, false)};
+  });
+}
+
+Tensor sum(const Tensor& x) {
+  Tensor out = x;
+  while (out.rank() > 0) out = sum(out, out.rank() - 1);
+  return out;
+}
+
+Tensor mean(const Tensor& x) {
+  const int64_t n = x.shape().num_elements();
+  return scale(sum(x), n == 0 ? 0.0 : 1.0 / static_cast<double>(n));
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  Tensor out = x;
+  const size_t extra = x.rank() - shape.rank();
+  if (x.rank() < shape.rank()) throw ValueError("sum_to: " + x.to_string() + " has fewer dimensions than " + shape.to_string());
+  for (size_t i = 0; i < extra; ++i) out = sum(out, 0);
+  for (size_t i = 0; i < shape.rank(); ++i) {
+    if (shape[i] == 1 && out.shape()[i] != 1) {
+      const Tensor in = out;
+      out = record(sum_raw(in, i, true), {in}, [in, i](const Tensor& g) {
+        return std::vector<Tensor>{expand_like(g, in, i, true)};
+      });
+    }
+  }
+  return out;
+}
+
+}  // namespace tessel::ops

@@ -1,0 +1,255 @@
+// SPMD ops against host references on random meshes and shardings (f64), sharding propagation,
+// gradients against finite differences, and the same SGD run on different meshes.
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "runtime/runtime_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/ops/autodiff.h"
+#include "tessel/ops/ops.h"
+#include "tessel/runtime/runtime.h"
+
+namespace tessel {
+namespace {
+
+// A row-major f64 matrix stack on the host.
+struct Host {
+  std::vector<int64_t> shape;
+  std::vector<double> v;
+  int64_t size() const { return static_cast<int64_t>(v.size()); }
+};
+
+Host random_host(std::mt19937& rng, std::vector<int64_t> shape) {
+  Host h{shape, {}};
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  std::normal_distribution<double> dist;
+  for (int64_t i = 0; i < n; ++i) h.v.push_back(dist(rng));
+  return h;
+}
+
+Tensor put(const Runtime& rt, const Host& h, const NamedSharding& s) {
+  return Tensor(device_put(rt, HostArray::from<double>(Shape(h.shape), std::span<const double>(h.v)), s));
+}
+
+std::vector<double> values(const Tensor& t) {
+  const HostArray h = to_host(ops::reduce(t).array());
+  auto v = h.values<double>();
+  return {v.begin(), v.end()};
+}
+
+void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-10) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
+}
+
+// Host references.
+std::vector<double> host_dot(const Host& a, const Host& b, bool trans_b) {
+  const int64_t k = a.shape.back(), m = a.size() / std::max<int64_t>(k, 1);
+  const int64_t n = trans_b ? b.shape[0] : b.shape[1];
+  std::vector<double> out(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        out[i * n + j] += a.v[i * k + p] * (trans_b ? b.v[j * k + p] : b.v[p * n + j]);
+  return out;
+}
+
+TEST(Ops, DotAndItsTransposesMatchTheHostOnRandomShardings) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(6);
+  for (int iter = 0; iter < 60; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    const Mesh mesh = testing::random_mesh(rng);
+    auto dim = [&] { return std::uniform_int_distribution<int64_t>(1, 9)(rng); };
+    const int64_t b0 = dim(), b1 = dim(), k = dim(), n = dim();
+    const bool lead3 = iter % 2 == 0;
+    std::vector<int64_t> as = lead3 ? std::vector<int64_t>{b0, b1, k} : std::vector<int64_t>{b0, k};
+    const Host a = random_host(rng, as), b = random_host(rng, {k, n}), bt = random_host(rng, {n, k});
+    auto sh = [&](size_t rank) { return NamedSharding(mesh, testing::random_spec(rng, mesh, rank)); };
+    const Tensor ta = put(rt, a, sh(as.size())), tb = put(rt, b, sh(2)), tbt = put(rt, bt, sh(2));
+    expect_near(values(ops::dot(ta, tb)), host_dot(a, b, false));
+    expect_near(values(ops::dot_nt(ta, tbt)), host_dot(a, bt, true));
+    // dot_tn: a^T g over all leading dims.
+    std::vector<int64_t> gs = as;
+    gs.back() = n;
+    const Host g = random_host(rng, gs);
+    const int64_t rows = a.size() / k;
+    std::vector<double> want(static_cast<size_t>(k * n), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < n; ++j) want[i * n + j] += a.v[r * k + i] * g.v[r * n + j];
+    expect_near(values(ops::dot_tn(ta, put(rt, g, sh(gs.size())))), want);
+  }
+}
+
+TEST(Ops, ElementwiseAndReductionsMatchTheHostWithBroadcasting) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(7);
+  for (int iter = 0; iter < 60; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    const Mesh mesh = testing::random_mesh(rng);
+    auto dim = [&] { return std::uniform_int_distribution<int64_t>(1, 7)(rng); };
+    const int64_t r = dim(), c = dim();
+    const Host x = random_host(rng, {r, c}), row = random_host(rng, {c}), col = random_host(rng, {r, 1});
+    auto sh = [&](size_t rank) { return NamedSharding(mesh, testing::random_spec(rng, mesh, rank)); };
+    const Tensor tx = put(rt, x, sh(2)), trow = put(rt, row, sh(1)), tcol = put(rt, col, sh(2));
+    std::vector<double> add(x.v.size()), mul(x.v.size()), sub(x.v.size()), relu(x.v.size()), sq(x.v.size());
+    std::vector<double> sum0(static_cast<size_t>(c), 0.0), sum1(static_cast<size_t>(r), 0.0);
+    double total = 0;
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        const double v = x.v[i * c + j];
+        add[i * c + j] = v + row.v[j];
+        mul[i * c + j] = v * col.v[i];
+        sub[i * c + j] = col.v[i] - v;
+        relu[i * c + j] = v > 0 ? v : 0;
+        sq[i * c + j] = v * v;
+        sum0[j] += v;
+        sum1[i] += v;
+        total += v;
+      }
+    expect_near(values(ops::add(tx, trow)), add);
+    expect_near(values(ops::mul(tx, tcol)), mul);
+    expect_near(values(ops::sub(tcol, tx)), sub);
+    expect_near(values(ops::relu(tx)), relu);
+    expect_near(values(ops::square(tx)), sq);
+    expect_near(values(ops::sum(tx, 0)), sum0);
+    expect_near(values(ops::sum(tx, 1)), sum1);
+    expect_near(values(ops::mean(tx)), {total / static_cast<double>(r * c)});
+    // Partial sums stay partial through linear ops and are reduced exactly once.
+    const Tensor p = ops::sum(tx, 0);
+    std::vector<double> twice(sum0.size());
+    for (size_t i = 0; i < sum0.size(); ++i) twice[i] = -3 * sum0[i] + sum0[i];
+    expect_near(values(ops::add(ops::scale(p, -3), p)), twice);
+  }
+}
+
+TEST(Ops, ShardingPropagationFollowsGspmd) {
+  Runtime rt = Runtime::host(8);
+  const Mesh mesh = Mesh::parse("data=2,fsdp=2,tensor=2");
+  std::mt19937 rng(8);
+  const Tensor x = put(rt, random_host(rng, {8, 6}), NamedSharding(mesh, {{"data"}, {}}));
+  // An MLP whose hidden layer is wider than its output, as in a transformer.
+  const Tensor w1 = put(rt, random_host(rng, {6, 24}), NamedSharding(mesh, {{}, {"tensor"}}));
+  const Tensor w2 = put(rt, random_host(rng, {24, 6}), NamedSharding(mesh, {{"tensor"}, {}}));
+  // (data, None) @ (None, tensor) -> (data, tensor), nothing to reduce.
+  const Tensor h = ops::dot(x, w1);
+  EXPECT_EQ(h.sharding().spec(), PartitionSpec({{"data"}, {"tensor"}}));
+  EXPECT_FALSE(h.is_partial());
+  // Contracting over tensor: a partial sum over tensor (cheaper than gathering the hidden layer).
+  const Tensor y = ops::dot(ops::relu(h), w2);
+  EXPECT_EQ(y.sharding().spec(), PartitionSpec({{"data"}, {}}));
+  EXPECT_EQ(y.partial(), std::vector<std::string>{"tensor"});
+  EXPECT_THROW(y.array(), ValueError);
+  // Reduced into a sharding that splits over the partial axis: a reduce-scatter.
+  const Tensor z = ops::reshard(y, NamedSharding(mesh, {{"data"}, {"tensor"}}));
+  EXPECT_FALSE(z.is_partial());
+  expect_near(values(z), values(y));
+  // Abstract tensors give the same shardings without any buffer.
+  const Tensor ax = Tensor::abstract(x.shape(), x.dtype(), x.sharding());
+  const Tensor aw1 = Tensor::abstract(w1.shape(), w1.dtype(), w1.sharding());
+  const Tensor aw2 = Tensor::abstract(w2.shape(), w2.dtype(), w2.sharding());
+  const Tensor ay = ops::dot(ops::relu(ops::dot(ax, aw1)), aw2);
+  EXPECT_TRUE(ay.is_abstract());
+  EXPECT_EQ(ay.sharding(), y.sharding());
+  EXPECT_EQ(ay.partial(), y.partial());
+}
+
+TEST(Ops, ErrorsNameTheOperands) {
+  Runtime rt = Runtime::host(2);
+  const Mesh mesh = Mesh::parse("x=2");
+  std::mt19937 rng(9);
+  const Tensor a = put(rt, random_host(rng, {2, 3}), NamedSharding(mesh, {}));
+  const Tensor b = put(rt, random_host(rng, {4, 2}), NamedSharding(mesh, {}));
+  EXPECT_THROW(ops::dot(a, b), ValueError);
+  EXPECT_THROW(ops::add(a, b), ValueError);
+  EXPECT_THROW(ops::grad(a, {a}), ValueError);  // not a scalar
+}
+
+// The MLP loss of DotReluDot with a mean-squared error.
+Tensor mlp_loss(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& y) {
+  return ops::mean(ops::square(ops::sub(ops::dot(ops::relu(ops::dot(x, w1)), w2), y)));
+}
+
+TEST(Autodiff, GradientsMatchFiniteDifferencesOnShardedInputs) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(10);
+  for (const char* m : {"x=1", "data=2,fsdp=2,tensor=2", "fsdp=8", "tensor=4,data=2"}) {
+    SCOPED_TRACE(m);
+    const Mesh mesh = Mesh::parse(m);
+    auto has = [&](const char* a) { return mesh.has_axis(a) ? DimSharding{a} : DimSharding{}; };
+    const NamedSharding xs(mesh, {has("data"), {}}), w1s(mesh, {has("fsdp"), has("tensor")}),
+        w2s(mesh, {has("tensor"), has("fsdp")});
+    const Host x = random_host(rng, {8, 6}), w1 = random_host(rng, {6, 4}), w2 = random_host(rng, {4, 6}),
+               y = random_host(rng, {8, 6});
+    const Tensor tx = ops::requires_grad(put(rt, x, xs));
+    const Tensor t1 = ops::requires_grad(put(rt, w1, w1s)), t2 = ops::requires_grad(put(rt, w2, w2s));
+    const Tensor ty = put(rt, y, xs);
+    const std::vector<Tensor> g = ops::grad(mlp_loss(tx, t1, t2, ty), {tx, t1, t2});
+    EXPECT_EQ(g[0].sharding(), xs);
+    EXPECT_EQ(g[1].sharding(), w1s);
+    EXPECT_EQ(g[2].sharding(), w2s);
+    const std::vector<const Host*> inputs{&x, &w1, &w2};
+    for (size_t which = 0; which < 3; ++which) {
+      const std::vector<double> got = values(g[which]);
+      for (int64_t i = 0; i < inputs[which]->size(); i += 5) {
+        auto loss_at = [&](double delta) {
+          Host in[3] = {x, w1, w2};
+          in[which].v[i] += delta;
+          return values(mlp_loss(put(rt, in[0], xs), put(rt, in[1], w1s), put(rt, in[2], w2s), ty))[0];
+        };
+        const double h = 1e-6, fd = (loss_at(h) - loss_at(-h)) / (2 * h);
+        EXPECT_NEAR(got[static_cast<size_t>(i)], fd, 1e-6 * (1 + std::abs(fd))) << "input " << which << " element " << i;
+      }
+    }
+  }
+}
+
+// SGD on DotReluDot, f32: the same losses on one device and on every parallelism.
+std::vector<double> sgd_run(const Runtime& rt, const Mesh& mesh, int steps) {
+  std::mt19937 rng(11);
+  auto has = [&](const char* a) { return mesh.has_axis(a) ? DimSharding{a} : DimSharding{}; };
+  DimSharding batch;
+  for (const char* a : {"data", "fsdp"}) if (mesh.has_axis(a)) batch.push_back(a);
+  const NamedSharding xs(mesh, {batch, {}}), w1s(mesh, {has("fsdp"), has("tensor")}), w2s(mesh, {has("tensor"), has("fsdp")});
+  auto f32 = [&](const Host& h, const NamedSharding& s) {
+    std::vector<float> v(h.v.begin(), h.v.end());
+    return Tensor(device_put(rt, HostArray::from<float>(Shape(h.shape), std::span<const float>(v)), s));
+  };
+  const Host x = random_host(rng, {32, 16}), y = random_host(rng, {32, 16});
+  Host h1 = random_host(rng, {16, 64}), h2 = random_host(rng, {64, 16});
+  for (auto& v : h1.v) v *= 0.25;
+  for (auto& v : h2.v) v *= 0.125;
+  Tensor w1 = f32(h1, w1s), w2 = f32(h2, w2s);
+  const Tensor tx = f32(x, xs), ty = f32(y, xs);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    const Tensor p1 = ops::requires_grad(w1), p2 = ops::requires_grad(w2);
+    const Tensor loss = mlp_loss(tx, p1, p2, ty);
+    const HostArray value = to_host(ops::reduce(loss).array());
+    losses.push_back(value.values<float>()[0]);
+    const auto g = ops::grad(loss, {p1, p2});
+    EXPECT_EQ(g[0].sharding(), w1s);
+    w1 = ops::sub(w1, ops::scale(g[0], 0.1));
+    w2 = ops::sub(w2, ops::scale(g[1], 0.1));
+    EXPECT_EQ(w1.sharding(), w1s);
+  }
+  return losses;
+}
+
+TEST(Training, DotReluDotLossesAgreeAcrossMeshes) {
+  Runtime rt = Runtime::host(8);
+  const std::vector<double> one = sgd_run(rt, Mesh::parse("x=1"), 10);
+  EXPECT_LT(one.back(), one.front());  // it learns
+  for (const char* m : {"data=8", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2"}) {
+    SCOPED_TRACE(m);
+    const std::vector<double> other = sgd_run(rt, Mesh::parse(m), 10);
+    for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(other[i], one[i], 1e-4 * std::abs(one[i])) << "step " << i;
+  }
+}
+
+}  // namespace
+}  // namespace tessel
