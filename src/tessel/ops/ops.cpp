@@ -333,22 +333,15 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
       used = united(used, out[i]);
     }
   }
+  // A partial operand cannot move between blocks; its dims already fit (checked next), so only
+  // the other operand is resharded.
   auto place = [&](const Tensor& x) {
-    const Dims want = operand_dims(x.shape(), shape, out);
-    if (!x.is_partial()) return reshard_raw(x, with_dims(x.mesh(), want));
-    if (dims_of(x.sharding(), x.rank()) != want) {
-      // A partial operand cannot move between blocks as is: reduce, move, and it is no longer
-      // partial, which the caller's linear case does not allow; so this only happens when its
-      // sharding already fits (the output's dims came from it).
-      throw ShardingError(std::string(name) + ": internal: partial operand " + x.to_string() + " needs a reshard");
-    }
-    return x;
+    return x.is_partial() ? x : reshard_raw(x, with_dims(x.mesh(), operand_dims(x.shape(), shape, out)));
   };
   // A partial operand's sharding fixes the output dims it spans; make sure both agree.
   if (a.is_partial() && dims_of(a.sharding(), a.rank()) != operand_dims(a.shape(), shape, out)) {
     a = reduce_raw(a, nullptr);
     if (!linear_mul) b = reduce_raw(b, nullptr);
-    partial = b.is_partial() ? b.partial() : Axes{};
     return binary_raw(op, a, b, name);
   }
   if (b.is_partial() && dims_of(b.sharding(), b.rank()) != operand_dims(b.shape(), shape, out)) {
