@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "runtime/runtime_test_util.h"
@@ -167,6 +168,16 @@ TEST(Ops, ErrorsNameTheOperands) {
   EXPECT_THROW(ops::dot(a, b), ValueError);
   EXPECT_THROW(ops::add(a, b), ValueError);
   EXPECT_THROW(ops::grad(a, {a}), ValueError);  // not a scalar
+  // Mixed dtypes, integer tensors and different meshes are refused by name.
+  const Tensor f = Tensor(device_put(rt, testing::iota({2, 3}, DType::kF32), NamedSharding(mesh, {})));
+  EXPECT_THAT([&] { ops::add(a, f); }, ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("dtypes differ")));
+  const Tensor i = Tensor(device_put(rt, testing::iota({2, 3}), NamedSharding(mesh, {})));
+  EXPECT_THAT([&] { ops::relu(i); }, ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("f32 or f64")));
+  const Tensor other = put(rt, random_host(rng, {2, 3}), NamedSharding(Mesh::parse("y=2"), {}));
+  EXPECT_THROW(ops::add(a, other), ShardingError);
+  // A partial sum over an axis its sharding uses is no partial sum.
+  EXPECT_THROW(Tensor::partial_sum(put(rt, random_host(rng, {2, 3}), NamedSharding(mesh, {{"x"}})).array(), {"x"}),
+               ValueError);
 }
 
 // The MLP loss of DotReluDot with a mean-squared error.

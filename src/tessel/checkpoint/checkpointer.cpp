@@ -354,6 +354,11 @@ struct Destination {
   std::vector<std::byte*> replicas;
 };
 
+// Copies `bytes` at byte offset `at` of a destination's block into its other local replicas.
+void copy_to_replicas(const Destination& dst, int64_t at, size_t bytes) {
+  for (std::byte* r : dst.replicas) std::memcpy(r + at, dst.data + at, bytes);
+}
+
 // A worker's reusable host buffer. A restore reads hundreds of chunks; a fresh buffer for each
 // would fault in (and have the kernel clear) every page of it again.
 class Scratch {
@@ -449,7 +454,7 @@ void scatter(const LeafRead& p, const Box& chunk, const std::byte* src, const Re
       } else {
         detail::convert_run(from, src + s * in, to, dst.data + t * out, n);
       }
-      for (std::byte* r : dst.replicas) std::memcpy(r + t * out, dst.data + t * out, static_cast<size_t>(n) * out);
+      copy_to_replicas(dst, t * out, static_cast<size_t>(n) * out);
     });
   }
 }
@@ -463,9 +468,7 @@ void fill_missing(const LeafRead& p, const Box& chunk, const ReadTask& task) {
     const Destination& dst = p.dests[d];
     for_each_run(chunk.intersect(dst.box), chunk, dst.box, [&](int64_t, int64_t t, int64_t n) {
       for (int64_t i = 0; i < n; ++i) std::memcpy(dst.data + (t + i) * static_cast<int64_t>(item), value.data(), item);
-      for (std::byte* r : dst.replicas) {
-        std::memcpy(r + t * static_cast<int64_t>(item), dst.data + t * static_cast<int64_t>(item), static_cast<size_t>(n) * item);
-      }
+      copy_to_replicas(dst, t * static_cast<int64_t>(item), static_cast<size_t>(n) * item);
     });
   }
 }
@@ -497,7 +500,7 @@ void read_ranges(const LeafRead& p, const detail::File& f, const Box& chunk, con
       for (const iovec& v : iov) {
         auto* at = static_cast<std::byte*>(v.iov_base);
         if (check) crc = detail::crc32c({at, v.iov_len}, crc);
-        for (std::byte* r : dst.replicas) std::memcpy(r + (at - dst.data), at, v.iov_len);
+        copy_to_replicas(dst, at - dst.data, v.iov_len);
       }
       iov.clear();
     };
@@ -620,7 +623,7 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, W
   if (whole) {
     const std::span<std::byte> out(whole->data, static_cast<size_t>(chunk_bytes));
     decompress(p.zarr.compression(), stored, out, chunk_what(p, key));
-    for (std::byte* r : whole->replicas) std::memcpy(r, whole->data, out.size());
+    copy_to_replicas(*whole, 0, out.size());
     return;
   }
   const std::span<std::byte> decoded = buffers.decoded.get(static_cast<size_t>(chunk_bytes), keep, temporary_decoded);

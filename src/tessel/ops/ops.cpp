@@ -72,12 +72,12 @@ void check_float(const Tensor& t, const char* op) {
     throw ValueError(std::string(op) + " takes f32 or f64 tensors, not " + t.to_string());
   }
 }
-void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+// Two operands of one op: floating point, one dtype, one mesh.
+void check_operands(const Tensor& a, const Tensor& b, const char* op) {
+  check_float(a, op);
   if (a.dtype() != b.dtype()) {
     throw ValueError(std::string(op) + ": dtypes differ: " + a.to_string() + " and " + b.to_string() + " (cast one)");
   }
-}
-void check_same_mesh(const Tensor& a, const Tensor& b, const char* op) {
   if (!(a.mesh() == b.mesh())) {
     throw ShardingError(std::string(op) + ": operands live on different meshes, " + a.mesh().to_string() + " and " +
                         b.mesh().to_string() + " (reshard one)");
@@ -186,9 +186,7 @@ DotPlan plan_dot(const Tensor& a, const Tensor& b, bool trans_b) {
 
 Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
   const char* op = trans_b ? "dot_nt" : "dot";
-  check_float(a_in, op);
-  check_same_dtype(a_in, b_in, op);
-  check_same_mesh(a_in, b_in, op);
+  check_operands(a_in, b_in, op);
   const size_t kb = trans_b ? 1 : 0;
   if (a_in.rank() < 1 || b_in.rank() != 2 || a_in.shape()[a_in.rank() - 1] != b_in.shape()[kb]) {
     throw ValueError(std::string(op) + ": shapes do not contract: " + a_in.to_string() + " and " + b_in.to_string());
@@ -294,9 +292,7 @@ void run_binary(Binary op, const Box& box, const Box& ab, const Shape& as, const
 }
 
 Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char* name) {
-  check_float(a_in, name);
-  check_same_dtype(a_in, b_in, name);
-  check_same_mesh(a_in, b_in, name);
+  check_operands(a_in, b_in, name);
   const Shape shape = broadcast_shape(a_in.shape(), b_in.shape(), name);
   // Linear cases keep a partial sum: a sum of two partials over the same axes, or a product with
   // one partial factor.
@@ -466,9 +462,7 @@ Tensor dot_nt(const Tensor& g, const Tensor& b) {
 }
 
 Tensor dot_tn(const Tensor& a_in, const Tensor& g_in) {
-  check_float(a_in, "dot_tn");
-  check_same_dtype(a_in, g_in, "dot_tn");
-  check_same_mesh(a_in, g_in, "dot_tn");
+  check_operands(a_in, g_in, "dot_tn");
   const size_t r = a_in.rank();
   if (r < 1 || g_in.rank() != r ||
       !std::equal(a_in.shape().dims().begin(), a_in.shape().dims().end() - 1, g_in.shape().dims().begin())) {
