@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "ops/ops_test_util.h"
 #include "runtime/runtime_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/autodiff.h"
@@ -15,36 +16,11 @@
 namespace tessel {
 namespace {
 
-// A row-major f64 matrix stack on the host.
-struct Host {
-  std::vector<int64_t> shape;
-  std::vector<double> v;
-  int64_t size() const { return static_cast<int64_t>(v.size()); }
-};
-
-Host random_host(std::mt19937& rng, std::vector<int64_t> shape) {
-  Host h{shape, {}};
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  std::normal_distribution<double> dist;
-  for (int64_t i = 0; i < n; ++i) h.v.push_back(dist(rng));
-  return h;
-}
-
-Tensor put(const Runtime& rt, const Host& h, const NamedSharding& s) {
-  return Tensor(device_put(rt, HostArray::from<double>(Shape(h.shape), std::span<const double>(h.v)), s));
-}
-
-std::vector<double> values(const Tensor& t) {
-  const HostArray h = to_host(ops::reduce(t).array());
-  auto v = h.values<double>();
-  return {v.begin(), v.end()};
-}
-
-void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-10) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
-}
+using testing::expect_near;
+using testing::Host;
+using testing::put;
+using testing::random_host;
+using testing::values;
 
 // Host references.
 std::vector<double> host_dot(const Host& a, const Host& b, bool trans_b) {

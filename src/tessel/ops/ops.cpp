@@ -3,146 +3,21 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/autodiff.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/node.h"
+#include "tessel/ops/detail/propagation.h"
 #include "tessel/runtime/collectives.h"
 #include "tessel/runtime/reshard.h"
 
 namespace tessel::ops {
 namespace {
 
-using Dims = std::vector<DimSharding>;
-using Axes = std::vector<std::string>;
-
-Dims dims_of(const NamedSharding& s, size_t rank) {
-  Dims d(rank);
-  for (size_t i = 0; i < std::min(rank, s.spec().size()); ++i) d[i] = s.spec()[i];
-  return d;
-}
-
-NamedSharding with_dims(const Mesh& mesh, const Dims& dims) { return NamedSharding(mesh, PartitionSpec(dims)); }
-
-bool contains(const Axes& axes, const std::string& a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); }
-bool disjoint(const Axes& a, const Axes& b) {
-  return std::none_of(a.begin(), a.end(), [&](const std::string& x) { return contains(b, x); });
-}
-Axes minus(const Axes& a, const Axes& b) {
-  Axes out;
-  for (const auto& x : a) {
-    if (!contains(b, x)) out.push_back(x);
-  }
-  return out;
-}
-Axes all_axes(const Dims& dims) {
-  Axes out;
-  for (const auto& d : dims) out.insert(out.end(), d.begin(), d.end());
-  return out;
-}
-Axes united(Axes a, const Axes& b) {
-  for (const auto& x : b) {
-    if (!contains(a, x)) a.push_back(x);
-  }
-  std::sort(a.begin(), a.end());
-  return a;
-}
-
-// --- the graph
-Tensor record(Tensor out, std::vector<Tensor> inputs, std::function<std::vector<Tensor>(const Tensor&)> backward) {
-  if (!detail::recording()) return out;
-  if (std::none_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.node() != nullptr; })) return out;
-  auto node = std::make_shared<detail::Node>();
-  node->inputs = std::move(inputs);
-  node->backward = std::move(backward);
-  return out.with_node(std::move(node));
-}
-
-Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding, Axes partial,
-              const std::function<void(int64_t, const Box&, std::byte*)>& fn) {
-  if (like.is_abstract()) return Tensor::abstract(shape, dtype, sharding, std::move(partial));
-  Array a = detail::compute_shards(like.shards().runtime(), shape, dtype, sharding, fn);
-  return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), std::move(partial));
-}
-
-void check_float(const Tensor& t, const char* op) {
-  if (t.dtype() != DType::kF32 && t.dtype() != DType::kF64) {
-    throw ValueError(std::string(op) + " takes f32 or f64 tensors, not " + t.to_string());
-  }
-}
-// Two operands of one op: floating point, one dtype, one mesh.
-void check_operands(const Tensor& a, const Tensor& b, const char* op) {
-  check_float(a, op);
-  if (a.dtype() != b.dtype()) {
-    throw ValueError(std::string(op) + ": dtypes differ: " + a.to_string() + " and " + b.to_string() + " (cast one)");
-  }
-  if (!(a.mesh() == b.mesh())) {
-    throw ShardingError(std::string(op) + ": operands live on different meshes, " + a.mesh().to_string() + " and " +
-                        b.mesh().to_string() + " (reshard one)");
-  }
-}
-
-const std::byte* block(const Tensor& t, int64_t device) { return t.shards().shard(device).buffer.data(); }
-const Box& block_box(const Tensor& t, int64_t device) { return t.shards().shard(device).box; }
-
-// Redistribution of a non-partial tensor (no recording: callers record their own gradient).
-Tensor reshard_raw(const Tensor& x, const NamedSharding& target) {
-  if (x.sharding() == target) return x;
-  if (x.is_abstract()) return Tensor::abstract(x.shape(), x.dtype(), target);
-  return Tensor(tessel::reshard(x.array(), target));
-}
-
-int64_t blocks_of(const Mesh& mesh, const DimSharding& axes) {
-  int64_t n = 1;
-  for (const auto& a : axes) n *= mesh.axis_size(a);
-  return n;
-}
-
-// Reduces the partial axes of x: reduce-scatter into `target`'s dimensions where the target
-// splits a dimension further over a partial axis (and the split is even), all-reduce the rest.
-Tensor reduce_raw(const Tensor& x, const NamedSharding* target) {
-  if (!x.is_partial()) return x;
-  Dims dims = dims_of(x.sharding(), x.rank());
-  Axes left = x.partial();
-  std::optional<Array> a;
-  if (!x.is_abstract()) a = x.shards();
-  if (target && target->mesh() == x.mesh()) {
-    const Dims want = dims_of(*target, x.rank());
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (size_t d = 0; d < dims.size(); ++d) {
-        for (const auto& axis : Axes(left)) {
-          DimSharding next = dims[d];
-          next.push_back(axis);
-          if (want[d].size() < next.size() || !std::equal(next.begin(), next.end(), want[d].begin())) continue;
-          if (x.shape()[d] % blocks_of(x.mesh(), next) != 0) continue;
-          if (a) a = reduce_scatter(*a, {axis}, d, Reduction::kSum);
-          dims[d] = next;
-          left = minus(left, {axis});
-          progress = true;
-        }
-      }
-    }
-  }
-  if (a && !left.empty()) a = all_reduce(*a, left, Reduction::kSum);
-  if (a) return Tensor(std::move(*a));
-  return Tensor::abstract(x.shape(), x.dtype(), with_dims(x.mesh(), dims));
-}
-
-// Bytes a device receives to turn its block of `from` into its block of `to` (0 when `to` only
-// splits `from` further: a local slice).
-int64_t redistribution_bytes(const Tensor& t, const Dims& from, const Dims& to) {
-  bool local = true;
-  for (size_t d = 0; d < from.size(); ++d) {
-    if (to[d].size() < from[d].size() || !std::equal(from[d].begin(), from[d].end(), to[d].begin())) local = false;
-  }
-  if (local) return 0;
-  int64_t n = static_cast<int64_t>(item_size(t.dtype()));
-  for (size_t d = 0; d < to.size(); ++d) n *= (t.shape()[d] + blocks_of(t.mesh(), to[d]) - 1) / blocks_of(t.mesh(), to[d]);
-  return n;
-}
+using namespace detail;
 
 // --- matrix products
 // out[..., n] = sum_k a[..., k] * B[k, n], B = b or b^T. `kk` splits k on both operands.
@@ -274,7 +149,25 @@ void broadcast_loop(const Box& box, const Box& ab, const Shape& as, const Box& b
   }
 }
 
-enum class Binary { kAdd, kSub, kMul, kReluGrad };
+// The *Grad cases take the forward input (or output, where noted) as a and the gradient as b.
+enum class Binary { kAdd, kSub, kMul, kDiv, kReluGrad, kTanhGrad, kGeluGrad, kSiluGrad, kRsqrtGrad, kEqMask };
+
+// gelu's tanh approximation (Flax's nn.gelu default) and its derivative.
+template <class T>
+T gelu_of(T x) {
+  const T c = T(0.7978845608028654), k = T(0.044715);
+  return T(0.5) * x * (T(1) + std::tanh(c * (x + k * x * x * x)));
+}
+template <class T>
+T gelu_grad_of(T x) {
+  const T c = T(0.7978845608028654), k = T(0.044715);
+  const T t = std::tanh(c * (x + k * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * c * (T(1) + T(3) * k * x * x);
+}
+template <class T>
+T sigmoid_of(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
 
 template <class T>
 void run_binary(Binary op, const Box& box, const Box& ab, const Shape& as, const Box& bb, const Shape& bs,
@@ -286,8 +179,22 @@ void run_binary(Binary op, const Box& box, const Box& ab, const Shape& as, const
     case Binary::kAdd: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x + y; });
     case Binary::kSub: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x - y; });
     case Binary::kMul: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x * y; });
-    case Binary::kReluGrad:  // a: the forward input, b: the gradient
+    case Binary::kDiv: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x / y; });
+    case Binary::kReluGrad:
       return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T g) { return x > T(0) ? g : T(0); });
+    case Binary::kTanhGrad:  // a: the output
+      return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T y, T g) { return g * (T(1) - y * y); });
+    case Binary::kGeluGrad:
+      return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T g) { return g * gelu_grad_of(x); });
+    case Binary::kSiluGrad:
+      return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T g) {
+        const T s = sigmoid_of(x);
+        return g * s * (T(1) + x * (T(1) - s));
+      });
+    case Binary::kRsqrtGrad:  // a: the output
+      return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T y, T g) { return T(-0.5) * g * y * y * y; });
+    case Binary::kEqMask:
+      return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T m) { return x == m ? T(1) : T(0); });
   }
 }
 
@@ -299,7 +206,8 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
   Tensor a = a_in, b = b_in;
   Axes partial;
   const bool linear_add = (op == Binary::kAdd || op == Binary::kSub) && a.partial() == b.partial();
-  const bool linear_mul = op == Binary::kMul && (a.is_partial() != b.is_partial());
+  const bool linear_mul = (op == Binary::kMul && a.is_partial() != b.is_partial()) ||
+                          (op == Binary::kDiv && a.is_partial() && !b.is_partial());
   if (linear_add) {
     partial = a.partial();
   } else if (linear_mul) {
@@ -359,7 +267,7 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
   });
 }
 
-enum class Unary { kNeg, kScale, kRelu, kSquare, kZero };
+enum class Unary { kNeg, kScale, kShift, kRelu, kSquare, kZero, kExp, kLog, kTanh, kGelu, kSilu, kRsqrt };
 
 Tensor unary_raw(Unary op, const Tensor& x_in, double factor, const char* name) {
   check_float(x_in, name);
@@ -374,6 +282,13 @@ Tensor unary_raw(Unary op, const Tensor& x_in, double factor, const char* name) 
       case Unary::kRelu: for (int64_t i = 0; i < n; ++i) out[i] = in[i] > T(0) ? in[i] : T(0); break;
       case Unary::kSquare: for (int64_t i = 0; i < n; ++i) out[i] = in[i] * in[i]; break;
       case Unary::kZero: std::fill(out, out + n, T(0)); break;  // not in * 0: inf * 0 is NaN
+      case Unary::kShift: for (int64_t i = 0; i < n; ++i) out[i] = in[i] + f; break;
+      case Unary::kExp: for (int64_t i = 0; i < n; ++i) out[i] = std::exp(in[i]); break;
+      case Unary::kLog: for (int64_t i = 0; i < n; ++i) out[i] = std::log(in[i]); break;
+      case Unary::kTanh: for (int64_t i = 0; i < n; ++i) out[i] = std::tanh(in[i]); break;
+      case Unary::kGelu: for (int64_t i = 0; i < n; ++i) out[i] = gelu_of(in[i]); break;
+      case Unary::kSilu: for (int64_t i = 0; i < n; ++i) out[i] = in[i] * sigmoid_of(in[i]); break;
+      case Unary::kRsqrt: for (int64_t i = 0; i < n; ++i) out[i] = T(1) / std::sqrt(in[i]); break;
     }
   };
   return output(x, x.shape(), x.dtype(), x.sharding(), x.partial(), [&](int64_t device, const Box& box, std::byte* o) {
@@ -425,6 +340,62 @@ Tensor sum_raw(const Tensor& x, size_t dim, bool keep) {
     }
   });
 }
+
+// The maximum over `dim`, kept with size 1: each device's local maximum, then an all-reduce(max)
+// over the axes that split `dim`.
+Tensor max_raw(const Tensor& x_in, size_t dim) {
+  check_float(x_in, "max");
+  if (dim >= x_in.rank()) throw ValueError("max: dimension " + std::to_string(dim) + " of " + x_in.to_string());
+  if (x_in.shape()[dim] == 0) throw ValueError("max over an empty dimension: " + x_in.to_string());
+  const Tensor x = reduce_raw(x_in, nullptr);
+  Dims d = dims_of(x.sharding(), x.rank());
+  const Axes split = d[dim];
+  std::vector<int64_t> shape(x.shape().dims().begin(), x.shape().dims().end());
+  shape[dim] = 1;
+  d[dim] = {};
+  const NamedSharding sharding = with_dims(x.mesh(), d);
+  if (x.is_abstract()) return Tensor::abstract(Shape(shape), x.dtype(), sharding);
+  Array local = detail::compute_shards(x.shards().runtime(), Shape(shape), x.dtype(), sharding,
+                                       [&](int64_t device, const Box&, std::byte* o) {
+    const Box& xb = block_box(x, device);
+    int64_t outer = 1, inner = 1;
+    for (size_t i = 0; i < dim; ++i) outer *= xb.extent(i);
+    for (size_t i = dim + 1; i < xb.rank(); ++i) inner *= xb.extent(i);
+    const int64_t n = xb.extent(dim);
+    dispatch_float(x.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const T* in = reinterpret_cast<const T*>(block(x, device));
+      T* out = reinterpret_cast<T*>(o);
+      for (int64_t a = 0; a < outer; ++a) {
+        T* row = out + a * inner;
+        std::fill(row, row + inner, -std::numeric_limits<T>::infinity());
+        for (int64_t j = 0; j < n; ++j) {
+          const T* src = in + (a * n + j) * inner;
+          for (int64_t i = 0; i < inner; ++i) row[i] = std::max(row[i], src[i]);
+        }
+      }
+    });
+  });
+  if (!split.empty()) local = all_reduce(local, split, Reduction::kMax);
+  return Tensor(std::move(local));
+}
+
+// Removes dimension `dim` of size 1 (same bytes, one dimension fewer).
+Tensor squeeze_raw(const Tensor& x, size_t dim) {
+  std::vector<int64_t> shape(x.shape().dims().begin(), x.shape().dims().end());
+  shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(dim));
+  Dims d = dims_of(x.sharding(), x.rank());
+  d.erase(d.begin() + static_cast<std::ptrdiff_t>(dim));
+  const NamedSharding s = with_dims(x.mesh(), d);
+  if (x.is_abstract()) return Tensor::abstract(Shape(shape), x.dtype(), s, x.partial());
+  const Array& a = x.shards();
+  std::vector<Shard> shards;
+  for (const Shard& sh : a.shards()) shards.push_back({sh.device, s.device_box(sh.device, Shape(shape)), sh.replica_id, sh.buffer});
+  Array out(a.runtime(), Shape(shape), a.dtype(), s, std::move(shards));
+  return x.is_partial() ? Tensor::partial_sum(std::move(out), x.partial()) : Tensor(std::move(out));
+}
+
+Tensor detach(const Tensor& x) { return x.with_node(nullptr); }
 
 }  // namespace
 
@@ -534,6 +505,53 @@ Tensor relu(const Tensor& x) {
   });
 }
 
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_raw(Binary::kDiv, a, b, "div");
+  return record(out, {a, b}, [a, b, y = detach(out)](const Tensor& g) {
+    return std::vector<Tensor>{sum_to(div(g, b), a.shape()), sum_to(neg(div(mul(g, y), b)), b.shape())};
+  });
+}
+
+Tensor add_scalar(const Tensor& x, double value) {
+  return record(unary_raw(Unary::kShift, x, value, "add_scalar"), {x},
+                [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+Tensor exp(const Tensor& x) {
+  Tensor out = unary_raw(Unary::kExp, x, 0, "exp");
+  return record(out, {x}, [y = detach(out)](const Tensor& g) { return std::vector<Tensor>{mul(g, y)}; });
+}
+
+Tensor log(const Tensor& x) {
+  return record(unary_raw(Unary::kLog, x, 0, "log"), {x}, [x](const Tensor& g) { return std::vector<Tensor>{div(g, x)}; });
+}
+
+Tensor tanh(const Tensor& x) {
+  Tensor out = unary_raw(Unary::kTanh, x, 0, "tanh");
+  return record(out, {x}, [y = detach(out)](const Tensor& g) {
+    return std::vector<Tensor>{binary_raw(Binary::kTanhGrad, y, g, "tanh gradient")};
+  });
+}
+
+Tensor gelu(const Tensor& x) {
+  return record(unary_raw(Unary::kGelu, x, 0, "gelu"), {x}, [x](const Tensor& g) {
+    return std::vector<Tensor>{binary_raw(Binary::kGeluGrad, x, g, "gelu gradient")};
+  });
+}
+
+Tensor silu(const Tensor& x) {
+  return record(unary_raw(Unary::kSilu, x, 0, "silu"), {x}, [x](const Tensor& g) {
+    return std::vector<Tensor>{binary_raw(Binary::kSiluGrad, x, g, "silu gradient")};
+  });
+}
+
+Tensor rsqrt(const Tensor& x) {
+  Tensor out = unary_raw(Unary::kRsqrt, x, 0, "rsqrt");
+  return record(out, {x}, [y = detach(out)](const Tensor& g) {
+    return std::vector<Tensor>{binary_raw(Binary::kRsqrtGrad, y, g, "rsqrt gradient")};
+  });
+}
+
 Tensor square(const Tensor& x) {
   return record(unary_raw(Unary::kSquare, x, 0, "square"), {x},
                 [x](const Tensor& g) { return std::vector<Tensor>{mul(g, scale(x, 2.0))}; });
@@ -568,11 +586,33 @@ Tensor expand_like(const Tensor& g, const Tensor& x, size_t dim, bool kept) {
 }
 }  // namespace
 
-Tensor sum(const Tensor& x, size_t dim) {
-  return record(sum_raw(x, dim, false), {x}, [x, dim](const Tensor& g) {
-    return std::vector<Tensor>{expand_like(g, x, dim, false)};
+Tensor sum(const Tensor& x, size_t dim, bool keepdims) {
+  return record(sum_raw(x, dim, keepdims), {x}, [x, dim, keepdims](const Tensor& g) {
+    return std::vector<Tensor>{expand_like(g, x, dim, keepdims)};
   });
 }
+
+Tensor mean(const Tensor& x, size_t dim, bool keepdims) {
+  if (dim >= x.rank()) throw ValueError("mean: dimension " + std::to_string(dim) + " of " + x.to_string());
+  const int64_t n = x.shape()[dim];
+  return scale(sum(x, dim, keepdims), n == 0 ? 0.0 : 1.0 / static_cast<double>(n));
+}
+
+Tensor max(const Tensor& x, size_t dim, bool keepdims) {
+  Tensor m = max_raw(x, dim);
+  // The gradient is shared evenly between the positions that attain the maximum (as PyTorch's
+  // amax does).
+  const Tensor mk = m;
+  Tensor out = keepdims ? m : squeeze_raw(m, dim);
+  return record(out, {x}, [x = detach(x), mk, dim, keepdims](const Tensor& g) {
+    const Tensor mask = binary_raw(Binary::kEqMask, x, mk, "max gradient");
+    const Tensor count = sum(mask, dim, true);
+    const Tensor gk = keepdims ? g : expand_like(g, mk, dim, false);
+    return std::vector<Tensor>{mul(mask, div(gk, count))};
+  });
+}
+
+Tensor stop_gradient(const Tensor& x) { return detach(x); }
 
 Tensor sum(const Tensor& x) {
   Tensor out = x;
@@ -600,6 +640,24 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
     }
   }
   return out;
+}
+
+Tensor softmax(const Tensor& x, size_t dim) {
+  // Shifted by the maximum for range; the shift cancels, so no gradient flows through it.
+  const Tensor e = exp(sub(x, stop_gradient(max(x, dim, true))));
+  return div(e, sum(e, dim, true));
+}
+
+Tensor log_softmax(const Tensor& x, size_t dim) {
+  const Tensor shifted = sub(x, stop_gradient(max(x, dim, true)));
+  return sub(shifted, log(sum(exp(shifted), dim, true)));
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
+  if (logits.rank() < 1) throw ValueError("cross_entropy: logits need a class dimension: " + logits.to_string());
+  const size_t last = logits.rank() - 1;
+  const Tensor picked = sum(mul(log_softmax(logits, last), one_hot(labels, logits)), last);
+  return neg(mean(picked));
 }
 
 }  // namespace tessel::ops

@@ -37,22 +37,72 @@ Tensor dot_nt(const Tensor& g, const Tensor& b);
 // respect to b).
 Tensor dot_tn(const Tensor& a, const Tensor& g);
 
+// Batched: a[B..., m, k] @ b[B..., k, n] -> [B..., m, n] with the same batch dimensions B;
+// trans_a / trans_b read a as [B..., k, m] / b as [B..., n, k] (dot_general with batch dims first).
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
 // --- elementwise (numpy broadcasting)
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor neg(const Tensor& x);
 Tensor scale(const Tensor& x, double factor);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add_scalar(const Tensor& x, double value);
 Tensor relu(const Tensor& x);
 Tensor square(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor gelu(const Tensor& x);  // the tanh approximation (Flax's nn.gelu default)
+Tensor silu(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+// The same value with no gradient flowing back through it.
+Tensor stop_gradient(const Tensor& x);
+// f32 <-> bf16 <-> f64. A partial input is reduced first.
+Tensor cast(const Tensor& x, DType dtype);
 
 // --- reductions
-Tensor sum(const Tensor& x, size_t dim);  // drops `dim`
-Tensor sum(const Tensor& x);              // over all dimensions: a scalar
-Tensor mean(const Tensor& x);             // over all dimensions: a scalar
+// Over `dim`, which is dropped or kept with size 1. A split `dim` leaves a partial sum (sum) or
+// is all-reduced (max, whose gradient is shared between the positions attaining it).
+Tensor sum(const Tensor& x, size_t dim, bool keepdims = false);
+Tensor mean(const Tensor& x, size_t dim, bool keepdims = false);
+Tensor max(const Tensor& x, size_t dim, bool keepdims = false);
+Tensor sum(const Tensor& x);   // over all dimensions: a scalar
+Tensor mean(const Tensor& x);  // over all dimensions: a scalar
+
+// Along `dim`, shifted by the maximum for range. Over a split dimension (logits split on vocab)
+// the maximum is all-reduced and the normalizer is a partial sum reduced once.
+Tensor softmax(const Tensor& x, size_t dim);
+Tensor log_softmax(const Tensor& x, size_t dim);
+// The mean over all positions of -log softmax(logits)[label]; labels: i32/i64 of logits' shape
+// without its last (class) dimension.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 
 // Sums x over the dimensions that numpy broadcasting of `shape` to x.shape() adds or stretches,
 // giving `shape`: the gradient of a broadcast.
 Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// --- shapes and indexing
+// The same elements in a new shape. A group of merged or split dimensions keeps its split when
+// only its leading dimension is split, evenly ([b, s, h*d] split on h*d <-> [b, s, h, d] split on
+// h); otherwise that group is gathered first.
+Tensor reshape(const Tensor& x, const Shape& shape);
+// out dimension i = x dimension perm[i]; the sharding moves with the dimensions.
+Tensor transpose(const Tensor& x, const std::vector<size_t>& perm);
+// x[..., i, ...] along `dim` (dropped): one layer of a stacked parameter.
+Tensor index(const Tensor& x, size_t dim, int64_t i);
+// The gradient of index: `shape` filled with zeros, g at position i along `dim`.
+Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i);
+// Embedding lookup: table[vocab, embed], ids (i32/i64, any shape) -> [ids..., embed]. A table
+// split on vocab gives each device the rows it holds and a partial sum over the vocab axes.
+Tensor take(const Tensor& table, const Tensor& ids);
+// 1 at [..., labels[...]], 0 elsewhere, with like's shape, dtype and sharding (no gradient).
+Tensor one_hot(const Tensor& labels, const Tensor& like);
+// Scores [..., query, key]: entries with key > query become a large negative value.
+Tensor causal_mask(const Tensor& x);
+// Rotary position embedding (MaxText's: halves of head_dim paired, timescale 10000) on
+// [..., seq, heads..., head_dim] with the sequence at `seq_dim`.
+Tensor rope(const Tensor& x, size_t seq_dim);
 
 }  // namespace tessel::ops

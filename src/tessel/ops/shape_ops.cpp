@@ -1,0 +1,458 @@
+// Ops that move elements rather than compute on them (reshape, transpose, index), lookups
+// (take, one_hot), masks, rotary embeddings and casts.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "tessel/core/error.h"
+#include "tessel/ops/autodiff.h"
+#include "tessel/ops/detail/local.h"
+#include "tessel/ops/detail/propagation.h"
+#include "tessel/ops/ops.h"
+#include "tessel/runtime/cast.h"
+
+namespace tessel::ops {
+namespace {
+
+using namespace detail;
+
+// Row-major strides (in elements) of a block with `box`'s extents.
+std::vector<int64_t> strides_of(const Box& box) {
+  std::vector<int64_t> s(box.rank(), 1);
+  for (size_t i = box.rank(); i-- > 1;) s[i - 1] = s[i] * box.extent(i);
+  return s;
+}
+
+Tensor with_partial(Array a, const Axes& partial) {
+  return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), partial);
+}
+
+// The same bytes seen with another shape and sharding: each device's block must already be
+// laid out as the new block (the caller checks).
+Tensor relabel(const Tensor& x, const Shape& shape, const NamedSharding& sharding) {
+  if (x.is_abstract()) return Tensor::abstract(shape, x.dtype(), sharding, x.partial());
+  const Array& a = x.shards();
+  std::vector<Shard> shards;
+  for (const Shard& sh : a.shards()) {
+    shards.push_back({sh.device, sharding.device_box(sh.device, shape), sh.replica_id, sh.buffer});
+  }
+  return with_partial(Array(a.runtime(), shape, a.dtype(), sharding, std::move(shards)), x.partial());
+}
+
+// Groups of input and output dimensions whose products match (the minimal such groups), in
+// order. A group may have no input dimension or no output dimension only for size-1 dims.
+struct DimGroup {
+  std::vector<size_t> in, out;
+};
+
+std::vector<DimGroup> reshape_groups(const Shape& from, const Shape& to) {
+  std::vector<DimGroup> groups;
+  size_t i = 0, j = 0;
+  while (i < from.rank() || j < to.rank()) {
+    DimGroup g;
+    if (i == from.rank()) {
+      g.out.push_back(j++);
+    } else if (j == to.rank()) {
+      g.in.push_back(i++);
+    } else {
+      int64_t pi = from[i], pj = to[j];
+      g.in.push_back(i++);
+      g.out.push_back(j++);
+      while (pi != pj) {
+        if (pi < pj) {
+          pi *= from[i];
+          g.in.push_back(i++);
+        } else {
+          pj *= to[j];
+          g.out.push_back(j++);
+        }
+      }
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+// Rotary position embedding on [..., seq, heads, head_dim] (MaxText's layout: the first and
+// second halves of head_dim are the pair), positions = global sequence index. sign = -1 rotates
+// back (the gradient).
+template <class T>
+void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign) {
+  const size_t r = box.rank();
+  const int64_t d = box.extent(r - 1), half = d / 2;
+  int64_t outer = 1, inner = 1;
+  for (size_t i = 0; i < seq_dim; ++i) outer *= box.extent(i);
+  for (size_t i = seq_dim + 1; i + 1 < r; ++i) inner *= box.extent(i);
+  const int64_t seq = box.extent(seq_dim);
+  std::vector<T> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+  for (int64_t s = 0; s < seq; ++s) {
+    const double pos = static_cast<double>(box.start(seq_dim) + s);
+    for (int64_t k = 0; k < half; ++k) {
+      const double timescale = std::pow(10000.0, 2.0 * static_cast<double>(k) / static_cast<double>(d));
+      cos_t[k] = static_cast<T>(std::cos(pos / timescale));
+      sin_t[k] = static_cast<T>(sign * std::sin(pos / timescale));
+    }
+    for (int64_t a = 0; a < outer; ++a) {
+      for (int64_t h = 0; h < inner; ++h) {
+        const int64_t off = ((a * seq + s) * inner + h) * d;
+        const T* x = in + off;
+        T* y = out + off;
+        for (int64_t k = 0; k < half; ++k) {
+          y[k] = x[k] * cos_t[k] - x[k + half] * sin_t[k];
+          y[k + half] = x[k + half] * cos_t[k] + x[k] * sin_t[k];
+        }
+      }
+    }
+  }
+}
+
+Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign) {
+  Dims d = dims_of(x.sharding(), x.rank());
+  Tensor placed = x;
+  if (!d.back().empty()) {  // a rotation pairs elements half a head apart: head_dim stays whole
+    d.back() = {};
+    placed = reshard_raw(reduce_raw(x, nullptr), with_dims(x.mesh(), d));
+  }
+  return output(placed, placed.shape(), placed.dtype(), placed.sharding(), placed.partial(),
+                [&](int64_t device, const Box& box, std::byte* o) {
+                  dispatch_float(placed.dtype(), [&](auto zero) {
+                    using T = decltype(zero);
+                    rope_block<T>(box, seq_dim, reinterpret_cast<const T*>(block(placed, device)),
+                                  reinterpret_cast<T*>(o), sign);
+                  });
+                });
+}
+
+// x with entries above the diagonal of the last two dimensions (key > query) set to `fill`.
+Tensor mask_raw(const Tensor& x_in, double fill) {
+  const Tensor x = reduce_raw(x_in, nullptr);
+  const size_t r = x.rank();
+  return output(x, x.shape(), x.dtype(), x.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
+    const int64_t nq = box.extent(r - 2), nk = box.extent(r - 1);
+    const int64_t q0 = box.start(r - 2), k0 = box.start(r - 1);
+    const int64_t planes = nq * nk == 0 ? 0 : box.volume() / (nq * nk);
+    dispatch_float(x.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const T* in = reinterpret_cast<const T*>(block(x, device));
+      T* out = reinterpret_cast<T*>(o);
+      const T f = static_cast<T>(fill);
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t q = 0; q < nq; ++q) {
+          const int64_t off = (p * nq + q) * nk;
+          for (int64_t k = 0; k < nk; ++k) out[off + k] = k0 + k > q0 + q ? f : in[off + k];
+        }
+      }
+    });
+  });
+}
+
+void check_ids(const Tensor& ids, const char* op) {
+  if (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64) {
+    throw ValueError(std::string(op) + " takes i32 or i64 indices, not " + ids.to_string());
+  }
+  if (ids.is_partial()) throw ValueError(std::string(op) + ": indices cannot be a partial sum: " + ids.to_string());
+}
+
+int64_t id_at(const Tensor& ids, int64_t device, int64_t i) {
+  const std::byte* p = block(ids, device);
+  return ids.dtype() == DType::kI32 ? reinterpret_cast<const int32_t*>(p)[i] : reinterpret_cast<const int64_t*>(p)[i];
+}
+
+[[noreturn]] void bad_id(const char* op, int64_t id, int64_t size) {
+  throw ValueError(std::string(op) + ": index " + std::to_string(id) + " is out of range [0, " + std::to_string(size) +
+                   ")");
+}
+
+// The gradient of take with respect to the table: rows of g added at their ids; a partial sum
+// over the axes that split g's leading dimensions.
+Tensor take_grad(const Tensor& g_in, const Tensor& ids_in, const Tensor& table) {
+  const Tensor g = reduce_raw(g_in, nullptr);
+  const size_t r = g.rank();
+  const Dims gd = dims_of(g.sharding(), r);
+  const Dims lead(gd.begin(), gd.end() - 1);
+  const Tensor ids = reshard_raw(ids_in, with_dims(ids_in.mesh(), lead));
+  const Axes lead_axes = all_axes(lead);
+  const DimSharding e_axes = gd.back();
+  const DimSharding v_axes = minus(dims_of(table.sharding(), 2)[0], united(lead_axes, e_axes));
+  const int64_t vocab = table.shape()[0];
+  return output(g, table.shape(), g.dtype(), with_dims(g.mesh(), {v_axes, e_axes}), united(lead_axes, {}),
+                [&](int64_t device, const Box& box, std::byte* o) {
+                  const int64_t v0 = box.start(0), nv = box.extent(0), ne = box.extent(1);
+                  const int64_t rows = ids.shards().shard(device).box.volume();
+                  dispatch_float(g.dtype(), [&](auto zero) {
+                    using T = decltype(zero);
+                    T* out = reinterpret_cast<T*>(o);
+                    std::fill(out, out + nv * ne, T(0));
+                    const T* src = reinterpret_cast<const T*>(block(g, device));
+                    for (int64_t i = 0; i < rows; ++i) {
+                      const int64_t id = id_at(ids, device, i);
+                      if (id < 0 || id >= vocab) bad_id("take", id, vocab);
+                      if (id < v0 || id >= v0 + nv) continue;
+                      T* row = out + (id - v0) * ne;
+                      for (int64_t e = 0; e < ne; ++e) row[e] += src[i * ne + e];
+                    }
+                  });
+                });
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  if (shape.num_elements() != x.shape().num_elements()) {
+    throw ValueError("reshape: " + x.to_string() + " has " + std::to_string(x.shape().num_elements()) +
+                     " elements, " + shape.to_string() + " has " + std::to_string(shape.num_elements()));
+  }
+  if (shape == x.shape()) return x;
+  // A group of dimensions keeps its split when only its first input dimension is split, evenly,
+  // and the first output dimension splits evenly the same way: every device's block is then the
+  // same run of the group's row-major order. Any other split of a group is gathered first.
+  const Dims in = dims_of(x.sharding(), x.rank());
+  Dims want = in, out(shape.rank());
+  const bool empty = shape.num_elements() == 0;
+  for (const DimGroup& g : empty ? std::vector<DimGroup>{} : reshape_groups(x.shape(), shape)) {
+    bool keep = !g.in.empty() && !g.out.empty();
+    for (size_t k = 1; k < g.in.size(); ++k) keep = keep && in[g.in[k]].empty();
+    if (keep && !in[g.in[0]].empty()) {
+      const int64_t n = blocks_of(x.mesh(), in[g.in[0]]);
+      keep = x.shape()[g.in[0]] % n == 0 && shape[g.out[0]] % n == 0;
+    }
+    if (keep) {
+      out[g.out[0]] = in[g.in[0]];
+    } else {
+      for (size_t k : g.in) want[k] = {};
+    }
+  }
+  if (empty) want = Dims(x.rank());
+  Tensor placed = x;
+  if (want != in) placed = reshard_raw(reduce_raw(x, nullptr), with_dims(x.mesh(), want));
+  const Shape from = x.shape();
+  return record(relabel(placed, shape, with_dims(x.mesh(), out)), {x},
+                [from](const Tensor& g) { return std::vector<Tensor>{reshape(g, from)}; });
+}
+
+Tensor transpose(const Tensor& x, const std::vector<size_t>& perm) {
+  const size_t r = x.rank();
+  std::vector<size_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted.size() != r || sorted[i] != i) {
+      throw ValueError("transpose: the permutation must list each of the " + std::to_string(r) +
+                       " dimensions of " + x.to_string() + " once");
+    }
+  }
+  const Dims in = dims_of(x.sharding(), r);
+  Dims d(r);
+  std::vector<int64_t> dims(r);
+  for (size_t i = 0; i < r; ++i) {
+    d[i] = in[perm[i]];
+    dims[i] = x.shape()[perm[i]];
+  }
+  const size_t item = item_size(x.dtype());
+  Tensor out = output(x, Shape(dims), x.dtype(), with_dims(x.mesh(), d), x.partial(),
+                      [&](int64_t device, const Box& box, std::byte* o) {
+                        if (box.volume() == 0) return;
+                        const std::vector<int64_t> src_strides = strides_of(block_box(x, device));
+                        std::vector<int64_t> stride(r), ext(r), idx(r, 0);
+                        for (size_t i = 0; i < r; ++i) {
+                          stride[i] = src_strides[perm[i]];
+                          ext[i] = box.extent(i);
+                        }
+                        const std::byte* src = block(x, device);
+                        if (r == 0) {
+                          std::memcpy(o, src, item);
+                          return;
+                        }
+                        const int64_t inner = ext[r - 1], is = stride[r - 1];
+                        int64_t off = 0;
+                        std::byte* dst = o;
+                        for (;;) {
+                          if (is == 1) {
+                            std::memcpy(dst, src + off * static_cast<int64_t>(item), inner * item);
+                            dst += inner * static_cast<int64_t>(item);
+                          } else {
+                            for (int64_t j = 0; j < inner; ++j, dst += item) {
+                              std::memcpy(dst, src + (off + j * is) * static_cast<int64_t>(item), item);
+                            }
+                          }
+                          size_t k = r - 1;
+                          for (;;) {
+                            if (k == 0) return;
+                            --k;
+                            ++idx[k];
+                            off += stride[k];
+                            if (idx[k] < ext[k]) break;
+                            off -= stride[k] * ext[k];
+                            idx[k] = 0;
+                          }
+                        }
+                      });
+  std::vector<size_t> inverse(r);
+  for (size_t i = 0; i < r; ++i) inverse[perm[i]] = i;
+  return record(out, {x}, [inverse](const Tensor& g) { return std::vector<Tensor>{transpose(g, inverse)}; });
+}
+
+Tensor index(const Tensor& x, size_t dim, int64_t i) {
+  if (dim >= x.rank() || i < 0 || i >= x.shape()[dim]) {
+    throw ValueError("index: no element " + std::to_string(i) + " along dimension " + std::to_string(dim) + " of " +
+                     x.to_string());
+  }
+  Dims d = dims_of(x.sharding(), x.rank());
+  Tensor placed = x;
+  if (!d[dim].empty()) {  // only the devices holding element i could answer: gather the dimension
+    d[dim] = {};
+    placed = reshard_raw(reduce_raw(x, nullptr), with_dims(x.mesh(), d));
+  }
+  std::vector<int64_t> dims(x.shape().dims().begin(), x.shape().dims().end());
+  dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(dim));
+  Dims od = d;
+  od.erase(od.begin() + static_cast<std::ptrdiff_t>(dim));
+  const size_t item = item_size(x.dtype());
+  Tensor out = output(placed, Shape(dims), x.dtype(), with_dims(x.mesh(), od), placed.partial(),
+                      [&](int64_t device, const Box&, std::byte* o) {
+                        const Box& xb = block_box(placed, device);
+                        int64_t outer = 1, inner = static_cast<int64_t>(item);
+                        for (size_t k = 0; k < dim; ++k) outer *= xb.extent(k);
+                        for (size_t k = dim + 1; k < xb.rank(); ++k) inner *= xb.extent(k);
+                        const int64_t n = xb.extent(dim);
+                        const std::byte* src = block(placed, device);
+                        for (int64_t a = 0; a < outer; ++a) std::memcpy(o + a * inner, src + (a * n + i) * inner, inner);
+                      });
+  return record(out, {x}, [shape = x.shape(), dim, i](const Tensor& g) {
+    return std::vector<Tensor>{index_put(g, shape, dim, i)};
+  });
+}
+
+Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i) {
+  std::vector<int64_t> dims(g.shape().dims().begin(), g.shape().dims().end());
+  if (dim > g.rank() || i < 0 || dim >= shape.rank() || i >= shape[dim]) {
+    throw ValueError("index_put: no element " + std::to_string(i) + " along dimension " + std::to_string(dim) +
+                     " of " + shape.to_string());
+  }
+  dims.insert(dims.begin() + static_cast<std::ptrdiff_t>(dim), shape[dim]);
+  if (Shape(dims) != shape) throw ValueError("index_put: " + g.to_string() + " is not a slice of " + shape.to_string());
+  Dims d = dims_of(g.sharding(), g.rank());
+  d.insert(d.begin() + static_cast<std::ptrdiff_t>(dim), DimSharding{});
+  const size_t item = item_size(g.dtype());
+  Tensor out = output(g, shape, g.dtype(), with_dims(g.mesh(), d), g.partial(),
+                      [&](int64_t device, const Box& box, std::byte* o) {
+                        std::memset(o, 0, static_cast<size_t>(box.volume()) * item);
+                        int64_t outer = 1, inner = static_cast<int64_t>(item);
+                        for (size_t k = 0; k < dim; ++k) outer *= box.extent(k);
+                        for (size_t k = dim + 1; k < box.rank(); ++k) inner *= box.extent(k);
+                        const int64_t n = box.extent(dim);
+                        const std::byte* src = block(g, device);
+                        for (int64_t a = 0; a < outer; ++a) std::memcpy(o + (a * n + i) * inner, src + a * inner, inner);
+                      });
+  return record(out, {g}, [dim, i](const Tensor& dy) { return std::vector<Tensor>{index(dy, dim, i)}; });
+}
+
+Tensor take(const Tensor& table_in, const Tensor& ids_in) {
+  check_float(table_in, "take");
+  check_ids(ids_in, "take");
+  if (table_in.rank() != 2) throw ValueError("take: the table must be [vocab, embed], got " + table_in.to_string());
+  if (!(table_in.mesh() == ids_in.mesh())) throw ShardingError("take: table and indices live on different meshes");
+  const Tensor table0 = reduce_raw(table_in, nullptr);
+  // Output [..., embed]: split like the indices, then embed like the table where the indices do
+  // not use those axes. A vocabulary split stays: each device looks up the rows it holds and
+  // the result is a partial sum over the vocabulary axes.
+  const Dims idd = dims_of(ids_in.sharding(), ids_in.rank());
+  const Dims td = dims_of(table0.sharding(), 2);
+  const Axes lead = all_axes(idd);
+  const DimSharding e_axes = minus(td[1], lead);
+  const DimSharding v_axes = minus(td[0], united(lead, e_axes));
+  const Tensor table = reshard_raw(table0, with_dims(table0.mesh(), {v_axes, e_axes}));
+  const Tensor& ids = ids_in;
+  Dims od = idd;
+  od.push_back(e_axes);
+  std::vector<int64_t> dims(ids.shape().dims().begin(), ids.shape().dims().end());
+  dims.push_back(table.shape()[1]);
+  const int64_t vocab = table.shape()[0];
+  Axes partial = v_axes;
+  std::sort(partial.begin(), partial.end());
+  Tensor out = output(table, Shape(dims), table.dtype(), with_dims(table.mesh(), od), partial,
+                      [&](int64_t device, const Box& box, std::byte* o) {
+                        const Box& tb = block_box(table, device);
+                        const int64_t v0 = tb.start(0), nv = tb.extent(0), ne = tb.extent(1);
+                        const int64_t rows = ne == 0 ? 0 : box.volume() / ne;
+                        dispatch_float(table.dtype(), [&](auto zero) {
+                          using T = decltype(zero);
+                          const T* t = reinterpret_cast<const T*>(block(table, device));
+                          T* out_rows = reinterpret_cast<T*>(o);
+                          for (int64_t i = 0; i < rows; ++i) {
+                            const int64_t id = id_at(ids, device, i);
+                            if (id < 0 || id >= vocab) bad_id("take", id, vocab);
+                            T* row = out_rows + i * ne;
+                            if (id < v0 || id >= v0 + nv) {
+                              std::fill(row, row + ne, T(0));
+                            } else {
+                              std::copy(t + (id - v0) * ne, t + (id - v0 + 1) * ne, row);
+                            }
+                          }
+                        });
+                      });
+  return record(out, {table_in}, [ids, table_in](const Tensor& g) {
+    return std::vector<Tensor>{take_grad(g, ids, table_in)};
+  });
+}
+
+Tensor one_hot(const Tensor& labels_in, const Tensor& like_in) {
+  check_ids(labels_in, "one_hot");
+  check_float(like_in, "one_hot");
+  const size_t r = like_in.rank();
+  if (labels_in.rank() + 1 != r ||
+      !std::equal(labels_in.shape().dims().begin(), labels_in.shape().dims().end(), like_in.shape().dims().begin())) {
+    throw ValueError("one_hot: labels " + labels_in.to_string() + " do not match the leading dimensions of " +
+                     like_in.to_string());
+  }
+  const Tensor like = like_in.is_partial() ? reduce_raw(like_in, nullptr) : like_in;
+  const Dims d = dims_of(like.sharding(), r);
+  const Tensor labels = reshard_raw(labels_in, with_dims(like.mesh(), Dims(d.begin(), d.end() - 1)));
+  const int64_t classes = like.shape()[r - 1];
+  return output(like, like.shape(), like.dtype(), like.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
+    const int64_t c0 = box.start(r - 1), nc = box.extent(r - 1);
+    const int64_t rows = nc == 0 ? 0 : box.volume() / nc;
+    dispatch_float(like.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      T* out = reinterpret_cast<T*>(o);
+      std::fill(out, out + rows * nc, T(0));
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t id = id_at(labels, device, i);
+        if (id < 0 || id >= classes) bad_id("one_hot", id, classes);
+        if (id >= c0 && id < c0 + nc) out[i * nc + (id - c0)] = T(1);
+      }
+    });
+  });
+}
+
+Tensor causal_mask(const Tensor& x) {
+  check_float(x, "causal_mask");
+  if (x.rank() < 2) throw ValueError("causal_mask needs [..., query, key], got " + x.to_string());
+  // MaxText's mask value: far below any score, yet finite so a fully masked row stays a number.
+  const double fill = -0.7 * (x.dtype() == DType::kF32 ? std::numeric_limits<float>::max()
+                                                        : std::numeric_limits<double>::max());
+  return record(mask_raw(x, fill), {x}, [](const Tensor& g) { return std::vector<Tensor>{mask_raw(g, 0.0)}; });
+}
+
+Tensor rope(const Tensor& x, size_t seq_dim) {
+  check_float(x, "rope");
+  if (x.rank() < 3 || seq_dim + 2 >= x.rank() || x.shape()[x.rank() - 1] % 2 != 0) {
+    throw ValueError("rope needs [..., seq, heads, head_dim] with seq before heads and an even head_dim, got " +
+                     x.to_string());
+  }
+  return record(rope_raw(x, seq_dim, 1.0), {x}, [seq_dim](const Tensor& g) {
+    return std::vector<Tensor>{rope_raw(g, seq_dim, -1.0)};
+  });
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  const Tensor placed = reduce_raw(x, nullptr);
+  Tensor out = placed.is_abstract() ? Tensor::abstract(placed.shape(), dtype, placed.sharding())
+                                    : Tensor(tessel::cast(placed.array(), dtype));
+  const DType from = x.dtype();
+  return record(out, {x}, [from](const Tensor& g) { return std::vector<Tensor>{cast(g, from)}; });
+}
+
+}  // namespace tessel::ops

@@ -1,0 +1,302 @@
+// The ops a transformer needs, on random meshes and shardings (f64): values against host
+// references, and every op's gradient against central finite differences.
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ops/ops_test_util.h"
+#include "runtime/runtime_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/ops/autodiff.h"
+#include "tessel/ops/ops.h"
+#include "tessel/runtime/runtime.h"
+
+namespace tessel {
+namespace {
+
+using testing::expect_near;
+using testing::Host;
+using testing::put;
+using testing::put_ids;
+using testing::random_host;
+using testing::values;
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Checks the gradient of sum(f(inputs) * r) (r fixed and random, so every output element
+// matters) against central differences, for a sample of every input's elements.
+void check_gradient(const Runtime& rt, std::mt19937& rng, const Mesh& mesh, const std::vector<Host>& inputs,
+                    const Fn& f) {
+  std::vector<NamedSharding> shardings;
+  std::vector<Tensor> tensors;
+  for (const Host& h : inputs) {
+    shardings.emplace_back(mesh, testing::random_spec(rng, mesh, h.shape.size()));
+    tensors.push_back(ops::requires_grad(put(rt, h, shardings.back())));
+  }
+  const Tensor out = f(tensors);
+  const Tensor weights = put(rt, random_host(rng, out.shape().dims()), NamedSharding(mesh, {}));
+  auto loss_of = [&](const std::vector<Tensor>& xs) { return ops::sum(ops::mul(f(xs), weights)); };
+  const std::vector<Tensor> g = ops::grad(loss_of(tensors), tensors);
+  for (size_t which = 0; which < inputs.size(); ++which) {
+    ASSERT_EQ(g[which].sharding(), shardings[which]);
+    const std::vector<double> got = values(g[which]);
+    const int64_t stride = std::max<int64_t>(1, inputs[which].size() / 12);
+    for (int64_t i = 0; i < inputs[which].size(); i += stride) {
+      auto at = [&](double delta) {
+        std::vector<Tensor> xs;
+        for (size_t k = 0; k < inputs.size(); ++k) {
+          Host h = inputs[k];
+          if (k == which) h.v[static_cast<size_t>(i)] += delta;
+          xs.push_back(put(rt, h, shardings[k]));
+        }
+        return values(loss_of(xs))[0];
+      };
+      const double h = 1e-6, fd = (at(h) - at(-h)) / (2 * h);
+      ASSERT_NEAR(got[static_cast<size_t>(i)], fd, 1e-5 * (1 + std::abs(fd))) << "input " << which << " element " << i;
+    }
+  }
+}
+
+// Elementwise ops against std:: on the host, gradients against finite differences.
+TEST(NnOps, UnaryAndDivisionMatchTheHostAndFiniteDifferences) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(21);
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> op;
+    std::function<double(double)> ref;
+  };
+  const double c = std::sqrt(2.0 / M_PI);
+  const std::vector<Case> cases{
+      {"exp", [](const Tensor& x) { return ops::exp(x); }, [](double v) { return std::exp(v); }},
+      {"log", [](const Tensor& x) { return ops::log(ops::add_scalar(ops::square(x), 0.5)); },
+       [](double v) { return std::log(v * v + 0.5); }},
+      {"tanh", [](const Tensor& x) { return ops::tanh(x); }, [](double v) { return std::tanh(v); }},
+      {"gelu", [](const Tensor& x) { return ops::gelu(x); },
+       [c](double v) { return 0.5 * v * (1 + std::tanh(c * (v + 0.044715 * v * v * v))); }},
+      {"silu", [](const Tensor& x) { return ops::silu(x); }, [](double v) { return v / (1 + std::exp(-v)); }},
+      {"rsqrt", [](const Tensor& x) { return ops::rsqrt(ops::add_scalar(ops::square(x), 0.5)); },
+       [](double v) { return 1 / std::sqrt(v * v + 0.5); }},
+  };
+  for (int iter = 0; iter < 4; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    const Host x = random_host(rng, {5, 6});
+    for (const Case& k : cases) {
+      SCOPED_TRACE(std::string(k.name) + " on " + mesh.to_string());
+      const Tensor t = put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 2)));
+      std::vector<double> want;
+      for (double v : x.v) want.push_back(k.ref(v));
+      expect_near(values(k.op(t)), want);
+      check_gradient(rt, rng, mesh, {x}, [&](const std::vector<Tensor>& in) { return k.op(in[0]); });
+    }
+    SCOPED_TRACE("div on " + mesh.to_string());
+    const Host y = random_host(rng, {6});
+    const Tensor a = put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 2)));
+    Host ypos = y;
+    for (auto& v : ypos.v) v = v * v + 0.5;
+    const Tensor b = put(rt, ypos, NamedSharding(mesh, testing::random_spec(rng, mesh, 1)));
+    std::vector<double> want;
+    for (size_t i = 0; i < x.v.size(); ++i) want.push_back(x.v[i] / ypos.v[i % 6]);
+    expect_near(values(ops::div(a, b)), want);
+    check_gradient(rt, rng, mesh, {x, y}, [](const std::vector<Tensor>& in) {
+      return ops::div(in[0], ops::add_scalar(ops::square(in[1]), 0.5));
+    });
+  }
+}
+
+TEST(NnOps, BatchedMatmulWithTransposesMatchesTheHost) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(22);
+  for (int iter = 0; iter < 32; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    const Mesh mesh = testing::random_mesh(rng);
+    auto dim = [&] { return std::uniform_int_distribution<int64_t>(1, 6)(rng); };
+    const int64_t b0 = dim(), b1 = dim(), m = dim(), k = dim(), n = dim();
+    const bool ta = iter % 2 == 1, tb = (iter / 2) % 2 == 1;
+    const Host a = random_host(rng, ta ? std::vector<int64_t>{b0, b1, k, m} : std::vector<int64_t>{b0, b1, m, k});
+    const Host b = random_host(rng, tb ? std::vector<int64_t>{b0, b1, n, k} : std::vector<int64_t>{b0, b1, k, n});
+    std::vector<double> want(static_cast<size_t>(b0 * b1 * m * n), 0.0);
+    for (int64_t t = 0; t < b0 * b1; ++t)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t p = 0; p < k; ++p) {
+            const double av = ta ? a.v[(t * k + p) * m + i] : a.v[(t * m + i) * k + p];
+            const double bv = tb ? b.v[(t * n + j) * k + p] : b.v[(t * k + p) * n + j];
+            want[(t * m + i) * n + j] += av * bv;
+          }
+    const Tensor tx = put(rt, a, NamedSharding(mesh, testing::random_spec(rng, mesh, 4)));
+    const Tensor ty = put(rt, b, NamedSharding(mesh, testing::random_spec(rng, mesh, 4)));
+    expect_near(values(ops::matmul(tx, ty, ta, tb)), want);
+    if (iter < 8) {
+      check_gradient(rt, rng, mesh, {a, b},
+                     [&](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], ta, tb); });
+    }
+  }
+}
+
+TEST(NnOps, SoftmaxMaxAndCrossEntropyMatchTheHost) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(23);
+  for (int iter = 0; iter < 12; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t rows = 1 + iter % 5, classes = 2 + iter % 7;
+    const Host x = random_host(rng, {rows, classes});
+    const Tensor t = put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 2)));
+    std::vector<double> sm, lsm, mx;
+    std::vector<int32_t> labels;
+    double ce = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = -1e300, z = 0;
+      for (int64_t c = 0; c < classes; ++c) m = std::max(m, x.v[r * classes + c]);
+      for (int64_t c = 0; c < classes; ++c) z += std::exp(x.v[r * classes + c] - m);
+      for (int64_t c = 0; c < classes; ++c) {
+        sm.push_back(std::exp(x.v[r * classes + c] - m) / z);
+        lsm.push_back(x.v[r * classes + c] - m - std::log(z));
+      }
+      mx.push_back(m);
+      labels.push_back(static_cast<int32_t>(rng() % classes));
+      ce -= lsm[static_cast<size_t>(r * classes + labels.back())];
+    }
+    ce /= static_cast<double>(rows);
+    expect_near(values(ops::softmax(t, 1)), sm);
+    expect_near(values(ops::log_softmax(t, 1)), lsm);
+    expect_near(values(ops::max(t, 1)), mx);
+    const Tensor tl = put_ids(rt, {rows}, labels, NamedSharding(mesh, testing::random_spec(rng, mesh, 1)));
+    expect_near(values(ops::cross_entropy(t, tl)), {ce});
+    check_gradient(rt, rng, mesh, {x}, [](const std::vector<Tensor>& in) { return ops::softmax(in[0], 1); });
+    check_gradient(rt, rng, mesh, {x}, [](const std::vector<Tensor>& in) { return ops::max(in[0], 0); });
+    check_gradient(rt, rng, mesh, {x}, [&](const std::vector<Tensor>& in) { return ops::cross_entropy(in[0], tl); });
+    check_gradient(rt, rng, mesh, {x},
+                   [](const std::vector<Tensor>& in) { return ops::mean(in[0], 1, true); });
+  }
+  // Labels outside the classes are refused by value.
+  const Mesh mesh = Mesh::parse("x=2");
+  const Tensor t = put(rt, random_host(rng, {2, 3}), NamedSharding(mesh, {}));
+  EXPECT_THAT([&] { ops::cross_entropy(t, put_ids(rt, {2}, {1, 3}, NamedSharding(mesh, {}))); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("index 3 is out of range [0, 3)")));
+}
+
+TEST(NnOps, TakeLooksUpRowsOfAShardedTable) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(24);
+  for (int iter = 0; iter < 16; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t vocab = 3 + iter % 6, embed = 1 + iter % 5, b = 1 + iter % 3, s = 1 + iter % 4;
+    const Host table = random_host(rng, {vocab, embed});
+    std::vector<int32_t> ids;
+    std::vector<double> want;
+    for (int64_t i = 0; i < b * s; ++i) {
+      ids.push_back(static_cast<int32_t>(rng() % vocab));
+      for (int64_t e = 0; e < embed; ++e) want.push_back(table.v[ids.back() * embed + e]);
+    }
+    const Tensor tt = put(rt, table, NamedSharding(mesh, testing::random_spec(rng, mesh, 2)));
+    const Tensor ti = put_ids(rt, {b, s}, ids, NamedSharding(mesh, testing::random_spec(rng, mesh, 2)));
+    expect_near(values(ops::take(tt, ti)), want);
+    check_gradient(rt, rng, mesh, {table}, [&](const std::vector<Tensor>& in) { return ops::take(in[0], ti); });
+  }
+  // A vocabulary split stays a partial sum (each device looks up its own rows).
+  const Mesh mesh = Mesh::parse("data=2,tensor=4");
+  const Tensor tt = put(rt, random_host(rng, {8, 4}), NamedSharding(mesh, {{"tensor"}, {}}));
+  const Tensor ti = put_ids(rt, {2, 3}, {0, 7, 3, 4, 1, 2}, NamedSharding(mesh, {{"data"}, {}}));
+  const Tensor out = ops::take(tt, ti);
+  EXPECT_EQ(out.partial(), std::vector<std::string>{"tensor"});
+  EXPECT_EQ(out.sharding().spec(), PartitionSpec({{"data"}, {}, {}}));
+}
+
+TEST(NnOps, ReshapeTransposeAndIndexMoveShardsWithTheirDimensions) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(25);
+  for (int iter = 0; iter < 24; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t b = 1 + iter % 3, s = 2 + iter % 3, h = 2 + iter % 4, d = 1 + iter % 3;
+    const Host x = random_host(rng, {b, s, h, d});
+    const Tensor t = put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 4)));
+    // Reshape keeps the bytes' order.
+    expect_near(values(ops::reshape(t, Shape{b, s, h * d})), x.v);
+    expect_near(values(ops::reshape(ops::reshape(t, Shape{b * s, h * d}), Shape{b, s, h, d})), x.v);
+    // [b, s, h, d] -> [b, h, s, d]
+    std::vector<double> tr;
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t k = 0; k < h; ++k)
+        for (int64_t j = 0; j < s; ++j)
+          for (int64_t e = 0; e < d; ++e) tr.push_back(x.v[((i * s + j) * h + k) * d + e]);
+    expect_near(values(ops::transpose(t, {0, 2, 1, 3})), tr);
+    // index along s
+    const int64_t at = iter % s;
+    std::vector<double> ix;
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t k = 0; k < h * d; ++k) ix.push_back(x.v[(i * s + at) * h * d + k]);
+    expect_near(values(ops::index(t, 1, at)), ix);
+    if (iter < 6) {
+      check_gradient(rt, rng, mesh, {x}, [&](const std::vector<Tensor>& in) {
+        return ops::reshape(ops::transpose(in[0], {2, 0, 3, 1}), Shape{h * b, d * s});
+      });
+      check_gradient(rt, rng, mesh, {x}, [&](const std::vector<Tensor>& in) { return ops::index(in[0], 1, at); });
+    }
+  }
+  // An even split of the leading dimension of a group survives a reshape with no communication.
+  const Mesh mesh = Mesh::parse("data=2,tensor=4");
+  const Tensor t = put(rt, random_host(rng, {2, 3, 8, 5}), NamedSharding(mesh, {{"data"}, {}, {"tensor"}, {}}));
+  EXPECT_EQ(ops::reshape(t, Shape{2, 3, 40}).sharding().spec(), PartitionSpec({{"data"}, {}, {"tensor"}}));
+  EXPECT_EQ(ops::reshape(t, Shape{2, 3, 4, 2, 5}).sharding().spec(), PartitionSpec({{"data"}, {}, {"tensor"}, {}, {}}));
+  EXPECT_THROW(ops::reshape(t, Shape{7}), ValueError);
+  EXPECT_THROW(ops::transpose(t, {0, 1, 1, 3}), ValueError);
+  EXPECT_THROW(ops::index(t, 1, 3), ValueError);
+}
+
+TEST(NnOps, CausalMaskRopeAndCast) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(26);
+  for (int iter = 0; iter < 8; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t b = 2, s = 3 + iter % 4, h = 2, d = 4;
+    const Host scores = random_host(rng, {b, s, s});
+    const Tensor ts = put(rt, scores, NamedSharding(mesh, testing::random_spec(rng, mesh, 3)));
+    const std::vector<double> masked = values(ops::causal_mask(ts));
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t q = 0; q < s; ++q)
+        for (int64_t k = 0; k < s; ++k) {
+          const size_t at = static_cast<size_t>((i * s + q) * s + k);
+          if (k > q) {
+            EXPECT_LT(masked[at], -1e300);
+          } else {
+            EXPECT_EQ(masked[at], scores.v[at]);
+          }
+        }
+    // Rope on [b, s, h, d]: rotation of (x[k], x[k + d/2]) by pos / 10000^(2k/d).
+    const Host x = random_host(rng, {b, s, h, d});
+    std::vector<double> want(x.v.size());
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t p = 0; p < s; ++p)
+        for (int64_t j = 0; j < h; ++j)
+          for (int64_t k = 0; k < d / 2; ++k) {
+            const double angle = static_cast<double>(p) / std::pow(10000.0, 2.0 * static_cast<double>(k) / d);
+            const size_t base = static_cast<size_t>(((i * s + p) * h + j) * d);
+            const double x1 = x.v[base + k], x2 = x.v[base + k + d / 2];
+            want[base + k] = x1 * std::cos(angle) - x2 * std::sin(angle);
+            want[base + k + d / 2] = x2 * std::cos(angle) + x1 * std::sin(angle);
+          }
+    expect_near(values(ops::rope(put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 4))), 1)), want);
+    check_gradient(rt, rng, mesh, {x}, [](const std::vector<Tensor>& in) { return ops::rope(in[0], 1); });
+    check_gradient(rt, rng, mesh, {scores},
+                   [](const std::vector<Tensor>& in) { return ops::softmax(ops::causal_mask(in[0]), 2); });
+    // f64 -> f32 -> bf16 -> f64 keeps values bf16 can hold; the gradient passes through.
+    Host small = random_host(rng, {4, 3});
+    for (auto& v : small.v) v = std::round(v * 8) / 8;
+    const Tensor tsmall = put(rt, small, NamedSharding(mesh, testing::random_spec(rng, mesh, 2)));
+    expect_near(values(ops::cast(ops::cast(ops::cast(tsmall, DType::kF32), DType::kBF16), DType::kF64)), small.v);
+    const Tensor p = ops::requires_grad(tsmall);
+    const auto g = ops::grad(ops::sum(ops::cast(ops::cast(p, DType::kF32), DType::kF64)), {p});
+    expect_near(values(g[0]), std::vector<double>(small.v.size(), 1.0));
+  }
+}
+
+}  // namespace
+}  // namespace tessel
