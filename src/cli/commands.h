@@ -15,6 +15,7 @@ void add_shardings_command(CLI::App& app);
 void add_reshard_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
+void add_train_command(CLI::App& app);
 
 // --devices and --device-memory, for every command that runs work on devices.
 struct RuntimeArgs {

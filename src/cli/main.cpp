@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   tessel::cli::add_reshard_command(app);
   tessel::cli::add_plan_command(app);
   tessel::cli::add_ckpt_command(app);
+  tessel::cli::add_train_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

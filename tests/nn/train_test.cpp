@@ -11,6 +11,7 @@
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
 #include "tessel/nn/train.h"
+#include "tessel/runtime/device.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/state/init.h"
 
@@ -55,10 +56,7 @@ TEST(Train, LmLossesAgreeAcrossMeshes) {
     const Mesh mesh = Mesh::parse(m, rules.mesh_axes());
     nn::Trainer t(rt, small_lm(), mesh, rules, adamw());
     State state = t.init(1);
-    auto t0 = std::chrono::steady_clock::now();
     const std::vector<double> losses = train(rt, mesh, 0, 20, &state, t, data);
-    std::cerr << m << ": " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s, loss "
-              << losses.front() << " -> " << losses.back() << "\n";
     if (one.empty()) {
       one = losses;
       EXPECT_LT(losses.back(), losses.front() - 0.5);
@@ -66,6 +64,170 @@ TEST(Train, LmLossesAgreeAcrossMeshes) {
     }
     for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(losses[i], one[i], 1e-4 * std::abs(one[i])) << "step " << i;
   }
+}
+
+TEST(Train, ResumedOnAnotherMeshGivesTheSameLosses) {
+  Runtime rt = Runtime::host(8);
+  const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
+  const LogicalRules rules = nn::default_rules();
+  const Mesh a = Mesh::parse("data=2,fsdp=2,tensor=2", rules.mesh_axes());
+  const Mesh b = Mesh::parse("fsdp=4,tensor=2", rules.mesh_axes());
+  nn::Trainer ta(rt, small_lm(), a, rules, adamw()), tb(rt, small_lm(), b, rules, adamw());
+  State straight = ta.init(1);
+  const std::vector<double> want = train(rt, a, 0, 20, &straight, ta, data);
+
+  testing::TempDir dir;
+  State first = ta.init(1);
+  std::vector<double> got = train(rt, a, 0, 10, &first, ta, data);
+  {
+    CheckpointManager ckpt(dir.path());
+    ckpt.save(10, first, {{"data", nn::DataPosition{.seed = 3, .step = 10}.to_json(&data)}});
+  }
+  CheckpointManager ckpt(dir.path());
+  State resumed = ckpt.restore(rt, 10, tb.eval_shape());
+  for (const auto& [path, v] : resumed) EXPECT_EQ(v.sharding()->mesh(), b) << path;
+  const nn::DataPosition at = nn::DataPosition::from_json(ckpt.restore_json(10, "data"), &data);
+  EXPECT_EQ(at.step, 10);
+  const std::vector<double> rest = train(rt, b, at.step, 20, &resumed, tb, data);
+  got.insert(got.end(), rest.begin(), rest.end());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
+}
+
+// eval_shape of a whole step: the shapes, dtypes and shardings of a real step's outputs, with
+// nothing allocated.
+TEST(Train, EvalShapeOfAStepMatchesARealStep) {
+  for (const char* model : {"lm", "mlp"}) {
+    SCOPED_TRACE(model);
+    Runtime rt = Runtime::host(8);
+    const LogicalRules rules = nn::default_rules();
+    const Mesh mesh = Mesh::parse("data=2,fsdp=2,tensor=2", rules.mesh_axes());
+    const ModelConfig config = std::string(model) == "lm" ? small_lm()
+                                                          : parse_model_config("model: dot_relu_dot\ndepth: 16\nhidden: 32\n");
+    nn::Trainer t(rt, config, mesh, rules, adamw());
+    const State abstract = t.eval_shape();
+    int64_t in_use = 0;
+    for (int64_t d = 0; d < 8; ++d) in_use += rt.device(d).memory_stats().in_use;
+    const nn::StepOutputs shapes = t.eval_shape_step(abstract, 8, 16);
+    int64_t after = 0;
+    for (int64_t d = 0; d < 8; ++d) after += rt.device(d).memory_stats().in_use;
+    EXPECT_EQ(after, in_use);  // nothing allocated
+    EXPECT_TRUE(shapes.loss.is_abstract());
+    const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
+    const nn::Batch batch = t.batch(&data, {}, 8, 16);
+    const nn::StepOutputs real = t.run(t.init(0), Tensor(batch.inputs), Tensor(batch.targets), 0);
+    EXPECT_EQ(shapes.loss.shape(), real.loss.shape());
+    EXPECT_EQ(shapes.loss.sharding(), real.loss.sharding());
+    ASSERT_EQ(shapes.state.paths(), real.state.paths());
+    ASSERT_EQ(shapes.grads.paths(), real.grads.paths());
+    for (const State* s : {&shapes.state, &shapes.grads}) {
+      const State& r = s == &shapes.state ? real.state : real.grads;
+      for (const auto& [path, v] : *s) {
+        const Variable& w = r.at(path);
+        EXPECT_TRUE(v.is_abstract());
+        EXPECT_EQ(v.shape(), w.shape()) << path;
+        EXPECT_EQ(v.dtype(), w.dtype()) << path;
+        EXPECT_EQ(*v.sharding(), *w.sharding()) << path;
+        EXPECT_EQ(v.kind(), w.kind()) << path;
+      }
+    }
+    // Gradients and optimizer state are sharded exactly like their parameters.
+    for (const auto& [path, v] : real.state) {
+      if (v.kind() != kParam) continue;
+      EXPECT_EQ(*real.grads.at(path).sharding(), *v.sharding()) << path;
+      EXPECT_EQ(*real.state.at("opt_state/mu/" + path).sharding(), *v.sharding()) << path;
+      EXPECT_EQ(*real.state.at("opt_state/nu/" + path).sharding(), *v.sharding()) << path;
+    }
+  }
+}
+
+// AdamW and SGD with momentum against optax's formulas on the host, with clipping.
+TEST(Optimizer, UpdatesFollowOptaxOnShardedParameters) {
+  Runtime rt = Runtime::host(8);
+  const Mesh mesh = Mesh::parse("fsdp=4,tensor=2");
+  const NamedSharding sharding(mesh, {{"fsdp"}, {"tensor"}});
+  std::vector<double> p0(24), g0(24);
+  for (size_t i = 0; i < 24; ++i) {
+    p0[i] = std::sin(static_cast<double>(i));
+    g0[i] = std::cos(3.0 * static_cast<double>(i));
+  }
+  auto array = [&](const std::vector<double>& v) {
+    return device_put(rt, HostArray::from<double>(Shape{8, 3}, std::span<const double>(v)), sharding);
+  };
+  double norm = 0;
+  for (double g : g0) norm += g * g;
+  norm = std::sqrt(norm);
+  for (const nn::OptimizerKind kind : {nn::OptimizerKind::kAdamW, nn::OptimizerKind::kSgd}) {
+    nn::OptimizerConfig c{.kind = kind, .schedule = {.peak = 0.1, .warmup = 2, .decay_steps = 4}, .clip_norm = norm / 2};
+    State params;
+    params.insert("w", Variable(kParam, array(p0)));
+    State opt = nn::init_optimizer(c, params);
+    EXPECT_EQ(opt.size(), kind == nn::OptimizerKind::kAdamW ? 2u : 1u);
+    std::vector<double> p = p0, m(24, 0.0), v(24, 0.0);
+    for (int64_t step = 0; step < 4; ++step) {
+      const nn::UpdateStats s = nn::apply_updates(c, step, params, opt, {{"w", array(g0)}});
+      EXPECT_NEAR(s.grad_norm, norm, 1e-12);
+      EXPECT_NEAR(s.lr, c.schedule.at(step), 1e-15);
+      for (size_t i = 0; i < 24; ++i) {
+        const double g = g0[i] * 0.5;  // clipped to half the norm
+        if (kind == nn::OptimizerKind::kAdamW) {
+          m[i] = 0.9 * m[i] + 0.1 * g;
+          v[i] = 0.95 * v[i] + 0.05 * g * g;
+          const double t = static_cast<double>(step + 1);
+          const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.95, t));
+          p[i] -= s.lr * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * p[i]);
+        } else {
+          m[i] = g + 0.9 * m[i];
+          p[i] -= s.lr * m[i];
+        }
+      }
+      const HostArray host = to_host(params.at("w").array());
+      const auto got = host.values<double>();
+      for (size_t i = 0; i < 24; ++i) ASSERT_NEAR(got[i], p[i], 1e-12) << "step " << step << " element " << i;
+      EXPECT_EQ(params.at("w").sharding(), sharding);
+    }
+  }
+  // Warmup then cosine to 10%.
+  const nn::Schedule s{.peak = 1.0, .warmup = 10, .decay_steps = 100};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.at(5), 0.5);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);
+  EXPECT_NEAR(s.at(110), 0.1, 1e-12);
+  EXPECT_NEAR(s.at(500), 0.1, 1e-12);
+}
+
+TEST(Dataset, BatchesArePureFunctionsOfSeedAndStepAndRefuseBadInput) {
+  Runtime rt = Runtime::host(8);
+  testing::TempDir dir;
+  const auto text = dir.write("t.txt", "abcdefghijklmnopqrstuvwxyz");
+  const nn::ByteDataset data = nn::ByteDataset::open(text);
+  const Mesh mesh = Mesh::parse("data=4,tensor=2");
+  auto host = [&](const Array& a) {
+    const HostArray h = to_host(a);
+    const auto v = h.values<int32_t>();
+    return std::vector<int32_t>(v.begin(), v.end());
+  };
+  const nn::Batch b1 = nn::make_batch(rt, data, {.seed = 1, .step = 4}, 8, 5, NamedSharding(mesh, {{"data"}}));
+  const nn::Batch b2 = nn::make_batch(rt, data, {.seed = 1, .step = 4}, 8, 5, NamedSharding(mesh, {}));
+  EXPECT_EQ(host(b1.inputs), host(b2.inputs));
+  const std::vector<int32_t> in = host(b1.inputs), tg = host(b1.targets);
+  for (size_t i = 0; i < in.size(); ++i) EXPECT_EQ(tg[i], in[i] + 1);  // consecutive letters
+  EXPECT_NE(host(nn::make_batch(rt, data, {.seed = 1, .step = 5}, 8, 5, NamedSharding(mesh, {})).inputs), in);
+  // Each device's shard holds only its rows.
+  EXPECT_EQ(b1.inputs.shard(0).box.volume(), 2 * 5);
+  EXPECT_THAT([&] { nn::make_batch(rt, data, {}, 2, 26, NamedSharding(mesh, {})); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("need at least 27")));
+  EXPECT_THROW(nn::ByteDataset::open(dir.path() / "missing.txt"), IoError);
+  // Positions round-trip through JSON and refuse another text.
+  const nn::DataPosition p = nn::DataPosition::from_json(nn::DataPosition{.seed = 9, .step = 12}.to_json(&data), &data);
+  EXPECT_EQ(p.seed, 9u);
+  EXPECT_EQ(p.step, 12);
+  const nn::ByteDataset other = nn::ByteDataset::open(nn::ByteDataset::default_path());
+  EXPECT_THAT([&] { nn::DataPosition::from_json(nn::DataPosition{}.to_json(&data), &other); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("resume with the same --data")));
+  EXPECT_THROW(nn::DataPosition::from_json("{\"seed\": 1}", &data), ValueError);
+  EXPECT_THROW(nn::DataPosition::from_json("not json", &data), ValueError);
 }
 
 }  // namespace

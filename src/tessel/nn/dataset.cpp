@@ -42,12 +42,16 @@ ByteDataset ByteDataset::open(const std::filesystem::path& path) {
 
 std::filesystem::path ByteDataset::default_path() { return "/usr/share/common-licenses/GPL-3"; }
 
-std::string DataPosition::to_json(const ByteDataset& data) const {
-  nlohmann::json j{{"seed", seed}, {"step", step}, {"path", data.path().string()}, {"size", data.size()}};
+std::string DataPosition::to_json(const ByteDataset* data) const {
+  nlohmann::json j{{"seed", seed}, {"step", step}};
+  if (data) {
+    j["path"] = data->path().string();
+    j["size"] = data->size();
+  }
   return j.dump();
 }
 
-DataPosition DataPosition::from_json(const std::string& text, const ByteDataset& data) {
+DataPosition DataPosition::from_json(const std::string& text, const ByteDataset* data) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -64,10 +68,11 @@ DataPosition DataPosition::from_json(const std::string& text, const ByteDataset&
   p.seed = field("seed").get<uint64_t>();
   p.step = field("step").get<int64_t>();
   if (p.step < 0) throw ValueError("data position: negative step in " + text);
+  if (!data) return p;
   const int64_t size = field("size").get<int64_t>();
-  if (size != data.size()) {
+  if (size != data->size()) {
     throw ValueError("data position: the checkpoint's text had " + std::to_string(size) + " bytes, " +
-                     data.path().string() + " has " + std::to_string(data.size()) +
+                     data->path().string() + " has " + std::to_string(data->size()) +
                      " (resume with the same --data)");
   }
   return p;

@@ -39,10 +39,11 @@ class ByteDataset {
 struct DataPosition {
   uint64_t seed = 0;
   int64_t step = 0;
-  std::string to_json(const ByteDataset& data) const;  // {"seed", "step", "path", "size"}
-  // Throws ValueError on malformed JSON, or when the recorded file size differs from `data`'s
+  // {"seed", "step"} plus the text's "path" and "size" when there is one (null: synthetic data).
+  std::string to_json(const ByteDataset* data) const;
+  // Throws ValueError on malformed JSON, or when the recorded text size differs from `data`'s
   // (another text would silently change the stream).
-  static DataPosition from_json(const std::string& json, const ByteDataset& data);
+  static DataPosition from_json(const std::string& json, const ByteDataset* data);
 };
 
 struct Batch {

@@ -1,0 +1,230 @@
+// tessel train: the main job. Trains a model on virtual devices with data, FSDP and tensor
+// parallelism falling out of the mesh and the logical axis rules; checkpoints with the train
+// state's shardings and resumes onto any mesh with the same data position.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "tessel/checkpoint/manager.h"
+#include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
+#include "tessel/nn/train.h"
+#include "tessel/sharding/rules_io.h"
+#include "tessel/state/model_config.h"
+#include "tessel/state/plan.h"
+
+namespace tessel::cli {
+namespace {
+
+// The built-in model: a small byte-level LM that learns visibly within a minute on 2 cores.
+constexpr const char* kDefaultModel = R"(model: transformer
+vocab: 256
+embed: 128
+layers: 2
+heads: 4
+mlp: 512
+)";
+
+struct TrainArgs {
+  std::string model, mesh = "data=2,fsdp=2,tensor=2", rules, data, checkpoint_dir, metrics, optimizer = "adamw";
+  int64_t steps = 300, batch = 16, seq = 64, warmup = 20, checkpoint_every = 0, log_every = 10, keep = 3;
+  double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
+  uint64_t seed = 0;
+  std::optional<int64_t> stop_at;
+  bool resume = false;
+  RuntimeArgs runtime;
+};
+
+std::string duration(double seconds) {
+  const auto s = static_cast<int64_t>(std::max(0.0, std::round(seconds)));
+  return fmt::format("{}:{:02d}", s / 60, s % 60);
+}
+
+std::string plan_summary(const nn::Trainer& t, const State& abstract, const TrainArgs& a) {
+  auto [params, opt] = abstract.split(Filter::kind(kParam), Filter::all());
+  PlanOptions po;
+  po.optimizer = a.optimizer == "sgd" ? Optimizer::kSgdMomentum : Optimizer::kAdamW;
+  const MemoryPlan p = plan(params, po);
+  using text_util::format_bytes;
+  std::string out = fmt::format("tessel train: {} ({} parameters, {}) on {}\n", t.model().family(), p.param_count,
+                                format_bytes(p.param_bytes), t.mesh().to_string());
+  const auto* mlp = std::get_if<DotReluDotConfig>(&t.model().config);
+  out += fmt::format("  batch {} x {} {} sharded {} | {} lr {:g}, warmup {}, cosine to step {}\n", a.batch,
+                     mlp ? "depth" : "seq", mlp ? mlp->depth : a.seq, t.batch_sharding().spec().to_string(), a.optimizer,
+                     a.lr, a.warmup, a.steps);
+  out += fmt::format("  per device (max over {} devices): params {}, gradients {}, optimizer state {}, total {}\n",
+                     p.device_count, format_bytes(p.params_per_device.max), format_bytes(p.gradients_per_device.max),
+                     format_bytes(p.optimizer_per_device.max), format_bytes(p.total.max));
+  return out;
+}
+
+void train(const TrainArgs& a) {
+  if (a.steps < 0) throw ValueError(fmt::format("--steps must be at least 0, got {}", a.steps));
+  if (a.batch < 1 || a.seq < 1) throw ValueError("--batch and --seq must be positive");
+  if (a.checkpoint_every < 0) throw ValueError("--checkpoint-every must be at least 0");
+  if (a.stop_at && *a.stop_at < 1) throw ValueError(fmt::format("--stop-at must be at least 1, got {}", *a.stop_at));
+  if (a.log_every < 1) throw ValueError("--log-every must be at least 1");
+  if (!(a.lr > 0) || !std::isfinite(a.lr)) throw ValueError(fmt::format("--lr must be a positive number, got {}", a.lr));
+  if (a.optimizer != "adamw" && a.optimizer != "sgd") {
+    throw ValueError("--optimizer must be adamw or sgd, got '" + a.optimizer + "'");
+  }
+  if ((a.resume || a.checkpoint_every > 0 || a.steps == 0) && a.checkpoint_dir.empty()) {
+    throw ValueError(a.resume ? "--resume needs --checkpoint-dir"
+                              : (a.steps == 0 ? "--steps 0 saves the initial state: give --checkpoint-dir"
+                                              : "--checkpoint-every needs --checkpoint-dir"));
+  }
+  const ModelConfig model = a.model.empty() ? parse_model_config(kDefaultModel, "<built-in model>")
+                                            : load_model_config(a.model);
+  const LogicalRules rules = a.rules.empty() ? nn::default_rules() : load_rules(a.rules);
+  const Mesh mesh = Mesh::parse(a.mesh, rules.mesh_axes());
+  Runtime rt = make_runtime(a.runtime);
+  nn::OptimizerConfig opt;
+  opt.kind = a.optimizer == "sgd" ? nn::OptimizerKind::kSgd : nn::OptimizerKind::kAdamW;
+  opt.schedule = {.peak = a.lr, .warmup = a.warmup, .decay_steps = std::max<int64_t>(a.steps - a.warmup, 0)};
+  opt.clip_norm = a.clip;
+  opt.weight_decay = a.weight_decay;
+  nn::Trainer trainer(rt, model, mesh, rules, opt);
+  const bool lm = std::holds_alternative<TransformerConfig>(model.config);
+  std::optional<nn::ByteDataset> data;
+  if (lm) data = nn::ByteDataset::open(a.data.empty() ? nn::ByteDataset::default_path() : std::filesystem::path(a.data));
+
+  if (data && data->size() <= a.seq) {
+    throw ValueError(fmt::format("the training text {} has {} bytes; --seq {} needs at least {}", data->path().string(),
+                                 data->size(), a.seq, a.seq + 1));
+  }
+  const State abstract = trainer.eval_shape();
+  // Everything that can fail on bad input happens before the first line of output.
+  std::string resumed;
+
+  std::optional<CheckpointManager> ckpt;
+  if (!a.checkpoint_dir.empty()) ckpt.emplace(a.checkpoint_dir, CheckpointManagerOptions{.max_to_keep = a.keep});
+  State state;
+  nn::DataPosition position{.seed = a.seed, .step = 0};
+  int64_t start = 0;
+  const std::optional<int64_t> latest = ckpt ? ckpt->latest_step() : std::nullopt;
+  if (a.resume && latest) {
+    const auto t0 = std::chrono::steady_clock::now();
+    state = ckpt->restore(rt, *latest, abstract);
+    const std::string json = ckpt->restore_json(*latest, "data");
+    position = nn::DataPosition::from_json(json, data ? &*data : nullptr);
+    start = *latest;
+    if (position.step != start) {
+      throw ValueError(fmt::format("checkpoint step {} records data position {}: the checkpoint is inconsistent",
+                                   start, position.step));
+    }
+    resumed = fmt::format("  resumed step {} from {} onto {} in {:.2f} s\n", start, ckpt->step_dir(start).string(),
+                             mesh.to_string(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } else {
+    if (ckpt && latest && !a.resume) {
+      throw ValueError(fmt::format("{} already holds step {}: pass --resume to continue it, or another --checkpoint-dir",
+                                   a.checkpoint_dir, *latest));
+    }
+    state = trainer.init(a.seed);
+  }
+  std::cout << plan_summary(trainer, abstract, a);
+  if (data) std::cout << fmt::format("  data: {} ({} bytes)\n", data->path().string(), data->size());
+  std::cout << resumed;
+  auto save = [&](int64_t step) {
+    nn::DataPosition at = position;
+    at.step = step;
+    ckpt->save_async(step, state, {{"data", at.to_json(data ? &*data : nullptr)}});
+  };
+  const int64_t end = a.stop_at ? std::min(*a.stop_at, a.steps) : a.steps;
+  if (a.steps == 0 || start >= end) {
+    if (ckpt && !(a.resume && latest)) save(start);
+    if (ckpt) ckpt->wait();
+    std::cout << fmt::format("nothing to train: at step {} of {}{}\n", start, a.steps,
+                             ckpt && !(a.resume && latest) ? fmt::format("; saved step {} to {}", start, a.checkpoint_dir) : "");
+    return;
+  }
+
+  std::ofstream metrics;
+  if (!a.metrics.empty()) {
+    metrics.open(a.metrics, a.resume ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw IoError("cannot write the metrics file " + a.metrics);
+  }
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  const int64_t tokens_per_step = a.batch * (lm ? a.seq : 1);
+  const auto begin = std::chrono::steady_clock::now();
+  double first_loss = NAN, last_loss = NAN;
+  for (int64_t step = start; step < end; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    position.step = step;
+    const nn::Batch batch = trainer.batch(data ? &*data : nullptr, position, a.batch, a.seq);
+    const nn::StepMetrics m = trainer.step(state, batch, step);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!std::isfinite(m.loss)) throw Error(fmt::format("step {}: the loss is {} (lower --lr?)", step + 1, m.loss));
+    if (std::isnan(first_loss)) first_loss = m.loss;
+    last_loss = m.loss;
+    const double tokens_per_s = static_cast<double>(tokens_per_step) / seconds;
+    if (metrics.is_open()) {
+      metrics << nlohmann::json{{"step", step + 1}, {"loss", m.loss}, {"tokens_per_s", tokens_per_s},
+                                {"grad_norm", m.grad_norm}, {"lr", m.lr}, {"step_s", seconds}}.dump()
+              << "\n";
+      metrics.flush();
+    }
+    const int64_t done = step + 1 - start, total = end - start;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
+    const int width = 24, filled = static_cast<int>(width * done / total);
+    const std::string line =
+        fmt::format("[{}{}] step {}/{} loss {:.4f} | {:.0f} tokens/s | grad norm {:.3f} | lr {:.2e} | ETA {}",
+                    std::string(static_cast<size_t>(filled), '#'), std::string(static_cast<size_t>(width - filled), '.'),
+                    step + 1, a.steps, m.loss, tokens_per_s, m.grad_norm, m.lr, duration(eta));
+    if (tty) {
+      std::cout << "\r" << line << "\x1b[K" << std::flush;
+      if (done % a.log_every == 0 || step + 1 == end) std::cout << "\n";
+    } else if (done % a.log_every == 0 || step + 1 == end || done == 1) {
+      std::cout << line << "\n" << std::flush;
+    }
+    if (ckpt && ((a.checkpoint_every > 0 && (step + 1) % a.checkpoint_every == 0) || step + 1 == end)) {
+      save(step + 1);
+    }
+  }
+  if (ckpt) ckpt->wait();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  std::cout << fmt::format("trained steps {}..{} in {} ({:.0f} tokens/s): loss {:.4f} -> {:.4f}{}\n", start + 1, end,
+                           duration(elapsed), static_cast<double>(tokens_per_step * (end - start)) / elapsed, first_loss, last_loss,
+                           ckpt ? "; checkpoints in " + a.checkpoint_dir : "");
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* c = app.add_subcommand("train", "Train a model on virtual devices (data, FSDP and tensor parallelism)");
+  c->add_option("--model", args->model, "Model YAML (default: a small byte-level transformer LM)");
+  c->add_option("--mesh", args->mesh, "Mesh, e.g. data=2,fsdp=2,tensor=2 (axes the rules declare default to 1)")
+      ->capture_default_str();
+  c->add_option("--rules", args->rules, "Logical axis rules, YAML or JSON (default: built-in MaxText-style rules)");
+  c->add_option("--steps", args->steps, "Train until this step (0: initialize and save)")->capture_default_str();
+  c->add_option("--stop-at", args->stop_at, "Stop (and save) after this step; the schedule still spans --steps");
+  c->add_option("--batch", args->batch, "Global batch size")->capture_default_str();
+  c->add_option("--seq", args->seq, "Sequence length (LM)")->capture_default_str();
+  c->add_option("--lr", args->lr, "Peak learning rate (linear warmup, cosine decay to 10%)")->capture_default_str();
+  c->add_option("--warmup", args->warmup, "Warmup steps")->capture_default_str();
+  c->add_option("--optimizer", args->optimizer, "adamw or sgd (with momentum 0.9)")->capture_default_str();
+  c->add_option("--clip", args->clip, "Global gradient-norm clipping (0: none)")->capture_default_str();
+  c->add_option("--weight-decay", args->weight_decay, "AdamW's decoupled weight decay")->capture_default_str();
+  c->add_option("--seed", args->seed, "Seed of the parameters and of the data order")->capture_default_str();
+  c->add_option("--data", args->data, "Training text (default: /usr/share/common-licenses/GPL-3)");
+  c->add_option("--checkpoint-dir", args->checkpoint_dir, "Save checkpoints here (Orbax layout)");
+  c->add_option("--checkpoint-every", args->checkpoint_every, "Save every K steps (and always at the end)");
+  c->add_option("--keep", args->keep, "Checkpoints to keep")->capture_default_str();
+  c->add_flag("--resume", args->resume, "Continue from the latest checkpoint, on the mesh given now");
+  c->add_option("--metrics", args->metrics, "Write one JSON object per step to this file (jsonl)");
+  c->add_option("--log-every", args->log_every, "Progress line every K steps")->capture_default_str();
+  add_runtime_options(c, args->runtime);
+  c->callback([args] { train(*args); });
+}
+
+}  // namespace tessel::cli
