@@ -7,6 +7,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
+#include "tessel/ops/detail/vmath.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/runtime/worker_pool.h"
 
@@ -91,12 +92,17 @@ double global_norm(const std::map<std::string, Array>& arrays) {
     a.runtime().pool().parallel_for(static_cast<int64_t>(shards.size()), [&](int64_t i) {
       const Shard& s = shards[static_cast<size_t>(i)];
       if (s.replica_id != 0 || !s.is_addressable()) return;
+      const int64_t n = s.box.volume();
       dispatch(a.dtype(), path, [&](auto zero) {
         using T = decltype(zero);
         const T* x = reinterpret_cast<const T*>(s.buffer.data());
-        double sum = 0;
-        for (int64_t k = 0; k < s.box.volume(); ++k) sum += static_cast<double>(x[k]) * static_cast<double>(x[k]);
-        partial[static_cast<size_t>(i)] = sum;
+        if constexpr (std::is_same_v<T, float>) {
+          partial[static_cast<size_t>(i)] = ops::detail::sum_squares_f32(x, n);
+        } else {
+          double sum = 0;
+          for (int64_t k = 0; k < n; ++k) sum += x[k] * x[k];
+          partial[static_cast<size_t>(i)] = sum;
+        }
       });
     });
     for (double p : partial) total += p;

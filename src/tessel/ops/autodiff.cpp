@@ -26,7 +26,7 @@ Tensor filled(const Tensor& like, const Shape& shape, const NamedSharding& shard
   const DType dtype = like.dtype();
   return Tensor(detail::compute_shards(like.shards().runtime(), shape, dtype, sharding,
                                        [&](int64_t, const Box& box, std::byte* out) {
-                                         for (int64_t i = 0; i < box.volume(); ++i) {
+                                         for (int64_t i = 0, n = box.volume(); i < n; ++i) {
                                            if (dtype == DType::kF32) {
                                              reinterpret_cast<float*>(out)[i] = static_cast<float>(value);
                                            } else {

@@ -5,6 +5,8 @@
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/ops.h"
+#include "tessel/runtime/runtime.h"
+#include "tessel/runtime/worker_pool.h"
 
 namespace tessel::ops {
 
@@ -77,14 +79,28 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
                            const int64_t batches = box.volume() / (m * n);
                            const std::byte* pa = block(a, device);
                            const std::byte* pb = block(b, device);
-                           for (int64_t t = 0; t < batches; ++t) {
-                             gemm(a.dtype(), trans_a, trans_b, m, n, k, pa + t * m * k * item, pb + t * k * n * item,
-                                  o + t * m * n * item, false);
+                           auto run = [&](int64_t lo, int64_t hi) {
+                             for (int64_t t = lo; t < hi; ++t) {
+                               gemm(a.dtype(), trans_a, trans_b, m, n, k, pa + t * m * k * item,
+                                    pb + t * k * n * item, o + t * m * n * item, false);
+                             }
+                           };
+                           // Many small products (attention heads): one per core beats threaded BLAS.
+                           const int threads = blas_threads();
+                           if (threads > 1 && batches >= threads) {
+                             set_blas_threads(1);
+                             a.shards().runtime().pool().parallel_for(threads, [&](int64_t p) {
+                               run(batches * p / threads, batches * (p + 1) / threads);
+                             });
+                             set_blas_threads(threads);
+                           } else {
+                             run(0, batches);
                            }
                          });
   return record(result, {a_in, b_in}, [a_in, b_in, trans_a, trans_b](const Tensor& g) {
-    const Tensor da = trans_a ? matmul(b_in, g, trans_b, true) : matmul(g, b_in, false, !trans_b);
-    const Tensor db = trans_b ? matmul(g, a_in, true, trans_a) : matmul(a_in, g, !trans_a, false);
+    Tensor da, db;
+    if (needs(a_in)) da = trans_a ? matmul(b_in, g, trans_b, true) : matmul(g, b_in, false, !trans_b);
+    if (needs(b_in)) db = trans_b ? matmul(g, a_in, true, trans_a) : matmul(a_in, g, !trans_a, false);
     return std::vector<Tensor>{da, db};
   });
 }

@@ -11,6 +11,7 @@
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/node.h"
 #include "tessel/ops/detail/propagation.h"
+#include "tessel/ops/detail/vmath.h"
 #include "tessel/runtime/collectives.h"
 #include "tessel/runtime/reshard.h"
 
@@ -132,7 +133,18 @@ void broadcast_loop(const Box& box, const Box& ab, const Shape& as, const Box& b
   std::vector<int64_t> idx(r, 0);
   int64_t oa = 0, ob = 0, oo = 0;
   for (;;) {
-    for (int64_t j = 0; j < inner; ++j) out[oo + j] = fn(a[oa + j * ia], b[ob + j * ib]);
+    // The common strides get loops the compiler can vectorize.
+    if (ia == 1 && ib == 1) {
+      for (int64_t j = 0; j < inner; ++j) out[oo + j] = fn(a[oa + j], b[ob + j]);
+    } else if (ia == 1 && ib == 0) {
+      const T y = b[ob];
+      for (int64_t j = 0; j < inner; ++j) out[oo + j] = fn(a[oa + j], y);
+    } else if (ia == 0 && ib == 1) {
+      const T x = a[oa];
+      for (int64_t j = 0; j < inner; ++j) out[oo + j] = fn(x, b[ob + j]);
+    } else {
+      for (int64_t j = 0; j < inner; ++j) out[oo + j] = fn(a[oa + j * ia], b[ob + j * ib]);
+    }
     oo += inner;
     size_t d = r - 1;
     for (;;) {
@@ -150,7 +162,7 @@ void broadcast_loop(const Box& box, const Box& ab, const Shape& as, const Box& b
 }
 
 // The *Grad cases take the forward input (or output, where noted) as a and the gradient as b.
-enum class Binary { kAdd, kSub, kMul, kDiv, kReluGrad, kTanhGrad, kGeluGrad, kSiluGrad, kRsqrtGrad, kEqMask };
+enum class Binary { kFirst, kAdd, kSub, kMul, kDiv, kReluGrad, kTanhGrad, kGeluGrad, kSiluGrad, kRsqrtGrad, kEqMask };
 
 // gelu's tanh approximation (Flax's nn.gelu default) and its derivative.
 template <class T>
@@ -176,6 +188,7 @@ void run_binary(Binary op, const Box& box, const Box& ab, const Shape& as, const
   auto* pb = reinterpret_cast<const T*>(b);
   auto* po = reinterpret_cast<T*>(out);
   switch (op) {
+    case Binary::kFirst: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T) { return x; });
     case Binary::kAdd: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x + y; });
     case Binary::kSub: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x - y; });
     case Binary::kMul: return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T y) { return x * y; });
@@ -256,8 +269,13 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
   a = place(a);
   b = place(b);
   const DType dtype = a.dtype();
+  const bool same = a.shape() == shape && b.shape() == shape;
   return output(a, shape, dtype, with_dims(a.mesh(), out), partial, [&](int64_t device, const Box& box, std::byte* o) {
-    if (dtype == DType::kF32) {
+    if (dtype == DType::kF32 && same && (op == Binary::kGeluGrad || op == Binary::kSiluGrad)) {
+      const auto* x = reinterpret_cast<const float*>(block(a, device));
+      const auto* g = reinterpret_cast<const float*>(block(b, device));
+      (op == Binary::kGeluGrad ? gelu_grad_f32 : silu_grad_f32)(x, g, reinterpret_cast<float*>(o), box.volume());
+    } else if (dtype == DType::kF32) {
       run_binary<float>(op, box, block_box(a, device), a.shape(), block_box(b, device), b.shape(), block(a, device),
                         block(b, device), o);
     } else {
@@ -292,7 +310,15 @@ Tensor unary_raw(Unary op, const Tensor& x_in, double factor, const char* name) 
     }
   };
   return output(x, x.shape(), x.dtype(), x.sharding(), x.partial(), [&](int64_t device, const Box& box, std::byte* o) {
-    if (x.dtype() == DType::kF32) {
+    const auto* in = reinterpret_cast<const float*>(block(x, device));
+    auto* out = reinterpret_cast<float*>(o);
+    if (x.dtype() == DType::kF32 && op == Unary::kExp) {
+      exp_f32(in, out, box.volume());
+    } else if (x.dtype() == DType::kF32 && op == Unary::kGelu) {
+      gelu_f32(in, out, box.volume());
+    } else if (x.dtype() == DType::kF32 && op == Unary::kSilu) {
+      silu_f32(in, out, box.volume());
+    } else if (x.dtype() == DType::kF32) {
       apply(reinterpret_cast<const float*>(block(x, device)), reinterpret_cast<float*>(o), box.volume());
     } else {
       apply(reinterpret_cast<const double*>(block(x, device)), reinterpret_cast<double*>(o), box.volume());
@@ -324,6 +350,9 @@ Tensor sum_raw(const Tensor& x, size_t dim, bool keep) {
     const int64_t n = xb.extent(dim);
     auto run = [&](auto* in, auto* out) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(in)>>;
+      if constexpr (std::is_same_v<T, float>) {
+        if (inner == 1) return row_sums_f32(in, out, outer, n);
+      }
       for (int64_t a = 0; a < outer; ++a) {
         T* row = out + a * inner;
         std::fill(row, row + inner, T(0));
@@ -422,13 +451,13 @@ Tensor with_sharding_constraint(const Tensor& x, const PartitionSpec& spec) {
 
 Tensor dot(const Tensor& a, const Tensor& b) {
   return record(dot_impl(a, b, false), {a, b}, [a, b](const Tensor& g) {
-    return std::vector<Tensor>{dot_nt(g, b), dot_tn(a, g)};
+    return std::vector<Tensor>{needs(a) ? dot_nt(g, b) : Tensor(), needs(b) ? dot_tn(a, g) : Tensor()};
   });
 }
 
 Tensor dot_nt(const Tensor& g, const Tensor& b) {
   return record(dot_impl(g, b, true), {g, b}, [g, b](const Tensor& dy) {
-    return std::vector<Tensor>{dot(dy, b), dot_tn(dy, g)};
+    return std::vector<Tensor>{needs(g) ? dot(dy, b) : Tensor(), needs(b) ? dot_tn(dy, g) : Tensor()};
   });
 }
 
@@ -468,25 +497,28 @@ Tensor dot_tn(const Tensor& a_in, const Tensor& g_in) {
                                      block(g, device), o, false);
                       });
   return record(out, {a_in, g_in}, [a_in, g_in](const Tensor& dc) {
-    return std::vector<Tensor>{dot_nt(g_in, dc), dot(a_in, dc)};
+    return std::vector<Tensor>{needs(a_in) ? dot_nt(g_in, dc) : Tensor(), needs(g_in) ? dot(a_in, dc) : Tensor()};
   });
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  return record(binary_raw(Binary::kAdd, a, b, "add"), {a, b}, [as = a.shape(), bs = b.shape()](const Tensor& g) {
-    return std::vector<Tensor>{sum_to(g, as), sum_to(g, bs)};
-  });
+  return record(binary_raw(Binary::kAdd, a, b, "add"), {a, b},
+                [as = a.shape(), bs = b.shape(), na = needs(a), nb = needs(b)](const Tensor& g) {
+                  return std::vector<Tensor>{na ? sum_to(g, as) : Tensor(), nb ? sum_to(g, bs) : Tensor()};
+                });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return record(binary_raw(Binary::kSub, a, b, "sub"), {a, b}, [as = a.shape(), bs = b.shape()](const Tensor& g) {
-    return std::vector<Tensor>{sum_to(g, as), neg(sum_to(g, bs))};
-  });
+  return record(binary_raw(Binary::kSub, a, b, "sub"), {a, b},
+                [as = a.shape(), bs = b.shape(), na = needs(a), nb = needs(b)](const Tensor& g) {
+                  return std::vector<Tensor>{na ? sum_to(g, as) : Tensor(), nb ? neg(sum_to(g, bs)) : Tensor()};
+                });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   return record(binary_raw(Binary::kMul, a, b, "mul"), {a, b}, [a, b](const Tensor& g) {
-    return std::vector<Tensor>{sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
+    return std::vector<Tensor>{needs(a) ? sum_to(mul(g, b), a.shape()) : Tensor(),
+                               needs(b) ? sum_to(mul(g, a), b.shape()) : Tensor()};
   });
 }
 
@@ -581,8 +613,10 @@ Tensor expand_like(const Tensor& g, const Tensor& x, size_t dim, bool kept) {
       gk = Tensor(Array(a.runtime(), Shape(shape), a.dtype(), s, std::move(shards)));
     }
   }
-  // Broadcast by adding zeros of x's shape and sharding (simple; a dedicated kernel can come later).
-  return binary_raw(Binary::kAdd, gk, unary_raw(Unary::kZero, x, 0.0, "zeros"), "sum gradient");
+  // Broadcast gk to x's shape and sharding. Only x's layout matters: a partial x is read as its
+  // contributions (never reduced for nothing).
+  const Tensor layout = x.is_abstract() ? Tensor::abstract(x.shape(), x.dtype(), x.sharding()) : Tensor(x.shards());
+  return binary_raw(Binary::kFirst, gk, layout, "sum gradient");
 }
 }  // namespace
 
@@ -642,7 +676,81 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   return out;
 }
 
+namespace {
+
+template <class T>
+void softmax_rows(const T* x, T* y, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* in = x + r * n;
+    T* out = y + r * n;
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, in[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i] - m;
+    if constexpr (std::is_same_v<T, float>) {
+      exp_f32(out, out, n);
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = std::exp(out[i]);
+    }
+    T z = 0;
+    for (int64_t i = 0; i < n; ++i) z += out[i];
+    const T inv = T(1) / z;
+    for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+  }
+}
+
+// dx = y * (g - sum(g * y)) per row.
+template <class T>
+void softmax_grad_rows(const T* y, const T* g, T* dx, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *yr = y + r * n, *gr = g + r * n;
+    T dot = 0;
+    for (int64_t i = 0; i < n; ++i) dot += yr[i] * gr[i];
+    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = yr[i] * (gr[i] - dot);
+  }
+}
+
+// Softmax over an unsplit last dimension in one pass per row, forward and backward.
+Tensor softmax_fused(const Tensor& x_in) {
+  const Tensor x = reduce_raw(x_in, nullptr);
+  const int64_t n = x.shape()[x.rank() - 1];
+  auto rows_kernel = [](const Tensor& like, auto&& per_rows) {
+    return [&like, per_rows](int64_t device, const Box& box, std::byte* o) {
+      const int64_t n_last = box.extent(box.rank() - 1);
+      const int64_t rows = n_last == 0 ? 0 : box.volume() / n_last;
+      detail::split_range(like.shards().runtime(), rows, 16, [&](int64_t lo, int64_t hi) {
+        per_rows(device, o, lo, hi, n_last);
+      });
+    };
+  };
+  Tensor y = output(x, x.shape(), x.dtype(), x.sharding(), {},
+                    rows_kernel(x, [&](int64_t device, std::byte* o, int64_t lo, int64_t hi, int64_t len) {
+                      dispatch_float(x.dtype(), [&](auto zero) {
+                        using T = decltype(zero);
+                        softmax_rows(reinterpret_cast<const T*>(block(x, device)) + lo * len,
+                                     reinterpret_cast<T*>(o) + lo * len, hi - lo, len);
+                      });
+                    }));
+  (void)n;
+  return record(y, {x_in}, [y = detach(y), rows_kernel](const Tensor& g_in) {
+    const Tensor g = reshard_raw(reduce_raw(g_in, nullptr), y.sharding());
+    return std::vector<Tensor>{output(y, y.shape(), y.dtype(), y.sharding(), {},
+                                      rows_kernel(y, [&](int64_t device, std::byte* o, int64_t lo, int64_t hi, int64_t len) {
+                                        dispatch_float(y.dtype(), [&](auto zero) {
+                                          using T = decltype(zero);
+                                          softmax_grad_rows(reinterpret_cast<const T*>(block(y, device)) + lo * len,
+                                                            reinterpret_cast<const T*>(block(g, device)) + lo * len,
+                                                            reinterpret_cast<T*>(o) + lo * len, hi - lo, len);
+                                        });
+                                      }))};
+  });
+}
+
+}  // namespace
+
 Tensor softmax(const Tensor& x, size_t dim) {
+  check_float(x, "softmax");
+  if (dim >= x.rank()) throw ValueError("softmax: dimension " + std::to_string(dim) + " of " + x.to_string());
+  if (dim + 1 == x.rank() && dims_of(x.sharding(), x.rank())[dim].empty()) return softmax_fused(x);
   // Shifted by the maximum for range; the shift cancels, so no gradient flows through it.
   const Tensor e = exp(sub(x, stop_gradient(max(x, dim, true))));
   return div(e, sum(e, dim, true));

@@ -2,6 +2,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
 #include "tessel/core/error.h"
 #include "tessel/runtime/detail/array_builder.h"
 #include "tessel/runtime/runtime.h"
@@ -13,22 +17,52 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
   builder.allocate_all();
-  rt.pool().parallel_for(static_cast<int64_t>(builder.size()), [&](int64_t i) {
-    const size_t s = static_cast<size_t>(i);
-    if (!builder.addressable(s)) return;
-    fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
-  });
+  std::vector<size_t> local;
+  for (size_t s = 0; s < builder.size(); ++s) {
+    if (builder.addressable(s)) local.push_back(s);
+  }
+  // Fewer blocks than cores (one device, say): the blocks run one after another and BLAS gets the
+  // cores instead. Otherwise one block per pool task with single-threaded BLAS.
+  const int cores = rt.pool().size();
+  const int blas = local.size() < static_cast<size_t>(cores) ? std::max(1, cores / std::max<int>(1, static_cast<int>(local.size()))) : 1;
+  set_blas_threads(blas);
+  if (blas > 1) {
+    for (size_t s : local) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
+  } else {
+    rt.pool().parallel_for(static_cast<int64_t>(local.size()), [&](int64_t i) {
+      const size_t s = local[static_cast<size_t>(i)];
+      fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
+    });
+  }
   return std::move(builder).finish();
+}
+
+namespace {
+// Changed only by the thread that launches ops, between parallel regions; read by workers.
+std::atomic<int> g_blas_threads{0};
+}  // namespace
+
+void set_blas_threads(int threads) {
+  if (threads == g_blas_threads.load()) return;
+  openblas_set_num_threads(threads);
+  g_blas_threads.store(threads);
+}
+
+int blas_threads() { return g_blas_threads.load(); }
+
+void split_range(const Runtime& rt, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  const int cores = rt.pool().size();
+  if (blas_threads() <= 1 || n < 2 * grain) {
+    body(0, n);
+    return;
+  }
+  // A few-blocks op: this thread launched it and the workers are idle.
+  const int64_t pieces = std::min<int64_t>(cores, n / grain);
+  rt.pool().parallel_for(pieces, [&](int64_t p) { body(n * p / pieces, n * (p + 1) / pieces); });
 }
 
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
           const std::byte* b, std::byte* c, bool accumulate) {
-  // The pool runs one task per device; OpenBLAS threads on top would oversubscribe the cores.
-  static const bool single = [] {
-    openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)single;
   if (m == 0 || n == 0) return;
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int lda = static_cast<int>(trans_a ? m : k), ldb = static_cast<int>(trans_b ? k : n);

@@ -16,6 +16,16 @@ namespace tessel::ops::detail {
 Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
 
+// OpenBLAS's thread count (process-wide); set by compute_shards before each op: the cores when
+// the op has fewer blocks than cores (one device), else 1.
+void set_blas_threads(int threads);
+int blas_threads();
+
+// Inside a compute_shards fn: body(lo, hi) over pieces of [0, n) on all cores when the op runs
+// its blocks one after another (fewer blocks than cores), else body(0, n) on this thread. Pieces
+// hold at least `grain` items.
+void split_range(const Runtime& rt, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+
 // Row-major C[m,n] = op(A) op(B) (+ C when accumulate), f32 or f64; op transposes when asked.
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
           const std::byte* b, std::byte* c, bool accumulate);

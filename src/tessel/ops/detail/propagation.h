@@ -28,6 +28,10 @@ Axes all_axes(const Dims& dims);
 Axes united(Axes a, const Axes& b);  // sorted
 int64_t blocks_of(const Mesh& mesh, const DimSharding& axes);
 
+// Whether a gradient must flow into t (it is in the autodiff graph): backward functions skip
+// the products nobody asked for (the input batch's gradient, say).
+inline bool needs(const Tensor& t) { return t.node() != nullptr; }
+
 using Backward = std::function<std::vector<Tensor>(const Tensor&)>;
 // `out` with a graph node when recording and some input is in the graph.
 Tensor record(Tensor out, std::vector<Tensor> inputs, Backward backward);

@@ -1,0 +1,75 @@
+// Training-step figures with their reference measured in the same run (bench/train_bench.sh
+// prints the ratios): the SGEMM rate of OpenBLAS on the shapes the models use, with all cores,
+// then one train step of DotReluDot (batch 512, 1024 -> 4096 -> 1024, MSE, SGD) and of a small LM
+// (vocab 256, embed 256, 4 layers, 4 heads, MLP 1024, seq 128, batch 16, AdamW) on 1 device and
+// on 8 virtual devices with each parallelism.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "tessel/nn/train.h"
+#include "tessel/ops/detail/local.h"
+#include "tessel/runtime/runtime.h"
+
+namespace {
+
+using namespace tessel;
+
+const std::vector<std::string> kMeshes = {"data=1", "data=8", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2"};
+
+// C[m,n] = op(A) op(B) with every core on one product (no device split): the machine's rate.
+void BM_Sgemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) & 1, tb = state.range(3) & 2;
+  std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
+      c(static_cast<size_t>(m * n));
+  ops::detail::set_blas_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  for (auto _ : state) {
+    ops::detail::gemm(DType::kF32, ta, tb, m, n, k, reinterpret_cast<const std::byte*>(a.data()),
+                      reinterpret_cast<const std::byte*>(b.data()), reinterpret_cast<std::byte*>(c.data()), false);
+    benchmark::ClobberMemory();
+  }
+  state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate);
+}
+// The MLP's products (forward, and the two gradient forms) and the LM's.
+BENCHMARK(BM_Sgemm)->Args({512, 4096, 1024, 0})->Args({512, 1024, 4096, 2})->Args({1024, 4096, 512, 1})
+    ->Args({2048, 1024, 256, 0})->Args({2048, 256, 1024, 2})->Args({256, 1024, 2048, 1})
+    ->Args({2048, 256, 256, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+
+ModelConfig model(int64_t which) {
+  return parse_model_config(which == 0 ? "model: dot_relu_dot\ndepth: 1024\nhidden: 4096\n"
+                                       : "model: transformer\nvocab: 256\nembed: 256\nlayers: 4\nheads: 4\nmlp: 1024\n");
+}
+
+void BM_TrainStep(benchmark::State& state) {
+  const int64_t which = state.range(0);
+  const std::string& mesh_text = kMeshes[static_cast<size_t>(state.range(1))];
+  const LogicalRules rules = nn::default_rules();
+  const Mesh mesh = Mesh::parse(mesh_text, rules.mesh_axes());
+  Runtime rt = Runtime::host(mesh.device_count());
+  nn::OptimizerConfig opt;
+  if (which == 0) {
+    opt = {.kind = nn::OptimizerKind::kSgd, .schedule = {.peak = 1e-3}, .momentum = 0, .clip_norm = 0};
+  } else {
+    opt = {.kind = nn::OptimizerKind::kAdamW, .schedule = {.peak = 1e-3}};
+  }
+  nn::Trainer t(rt, model(which), mesh, rules, opt);
+  State s = t.init(0);
+  const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
+  const int64_t batch = which == 0 ? 512 : 16, seq = 128;
+  const nn::Batch b = t.batch(&data, {}, batch, seq);
+  int64_t step = 0;
+  t.step(s, b, step++);  // warm the allocator's cache
+  for (auto _ : state) t.step(s, b, step++);
+  state.SetLabel(std::string(which == 0 ? "mlp " : "lm ") + mesh_text);
+  state.counters["tokens"] = benchmark::Counter(static_cast<double>(which == 0 ? batch : batch * seq),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_TrainStep)->ArgsProduct({{0, 1}, {0, 1, 2, 3, 4}})->Unit(benchmark::kMillisecond)->UseRealTime()
+    ->MinTime(2.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,89 @@
+#include "tessel/ops/detail/vmath.h"
+
+#include <bit>
+#include <cmath>
+
+#define TESSEL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace tessel::ops::detail {
+namespace {
+
+// e^x for x in [-87, 88] (clamped outside): 2^n * e^r with |r| <= ln2 / 2, Cephes' expf polynomial.
+inline float exp_core(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  return std::bit_cast<float>(std::bit_cast<int32_t>(y) + (static_cast<int32_t>(n) << 23));
+}
+
+// tanh(u) = 1 - 2 / (e^(2u) + 1): absolute error about 1e-7.
+inline float tanh_core(float u) { return 1.0f - 2.0f / (exp_core(2.0f * u) + 1.0f); }
+
+constexpr float kGeluC = 0.7978845608028654f, kGeluK = 0.044715f;
+
+}  // namespace
+
+TESSEL_VECTOR_CLONES void exp_f32(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = exp_core(x[i]);
+}
+
+TESSEL_VECTOR_CLONES void gelu_f32(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanh_core(kGeluC * (v + kGeluK * v * v * v)));
+  }
+}
+
+TESSEL_VECTOR_CLONES void silu_f32(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] / (1.0f + exp_core(-x[i]));
+}
+
+TESSEL_VECTOR_CLONES void gelu_grad_f32(const float* x, const float* g, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float t = tanh_core(kGeluC * (v + kGeluK * v * v * v));
+    out[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluK * v * v));
+  }
+}
+
+TESSEL_VECTOR_CLONES void silu_grad_f32(const float* x, const float* g, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = 1.0f / (1.0f + exp_core(-x[i]));
+    out[i] = g[i] * s * (1.0f + x[i] * (1.0f - s));
+  }
+}
+
+TESSEL_VECTOR_CLONES void row_sums_f32(const float* x, float* out, int64_t rows, int64_t cols) {
+  // Eight partial sums per row: a vector's worth of independent additions.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+      for (int k = 0; k < 8; ++k) acc[k] += row[c + k];
+    }
+    float total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; c < cols; ++c) total += row[c];
+    out[r] = total;
+  }
+}
+
+TESSEL_VECTOR_CLONES double sum_squares_f32(const float* x, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  }
+  double total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return total;
+}
+
+}  // namespace tessel::ops::detail
