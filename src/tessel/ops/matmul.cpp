@@ -85,14 +85,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
                                     pb + t * k * n * item, o + t * m * n * item, false);
                              }
                            };
-                           // Many small products (attention heads): one per core beats threaded BLAS.
-                           const int threads = blas_threads();
-                           if (threads > 1 && batches >= threads) {
-                             set_blas_threads(1);
-                             a.shards().runtime().pool().parallel_for(threads, [&](int64_t p) {
-                               run(batches * p / threads, batches * (p + 1) / threads);
-                             });
-                             set_blas_threads(threads);
+                           // Many small products (attention heads): whole products per core.
+                           if (batches >= spread()) {
+                             split_range(batches, 1, run);
                            } else {
                              run(0, batches);
                            }

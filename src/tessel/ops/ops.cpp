@@ -271,10 +271,24 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
   const DType dtype = a.dtype();
   const bool same = a.shape() == shape && b.shape() == shape;
   return output(a, shape, dtype, with_dims(a.mesh(), out), partial, [&](int64_t device, const Box& box, std::byte* o) {
-    if (dtype == DType::kF32 && same && (op == Binary::kGeluGrad || op == Binary::kSiluGrad)) {
-      const auto* x = reinterpret_cast<const float*>(block(a, device));
-      const auto* g = reinterpret_cast<const float*>(block(b, device));
-      (op == Binary::kGeluGrad ? gelu_grad_f32 : silu_grad_f32)(x, g, reinterpret_cast<float*>(o), box.volume());
+    if (same) {  // equal blocks: flat loops, split over the cores when this op runs one block
+      detail::split_range(box.volume(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        const Box flat({lo}, {hi});
+        const Shape flat_shape{hi - lo};
+        const size_t item = item_size(dtype);
+        const std::byte* pa = block(a, device) + lo * static_cast<int64_t>(item);
+        const std::byte* pb = block(b, device) + lo * static_cast<int64_t>(item);
+        std::byte* po = o + lo * static_cast<int64_t>(item);
+        if (dtype == DType::kF32 && (op == Binary::kGeluGrad || op == Binary::kSiluGrad)) {
+          (op == Binary::kGeluGrad ? gelu_grad_f32 : silu_grad_f32)(reinterpret_cast<const float*>(pa),
+                                                                    reinterpret_cast<const float*>(pb),
+                                                                    reinterpret_cast<float*>(po), hi - lo);
+        } else if (dtype == DType::kF32) {
+          run_binary<float>(op, flat, flat, flat_shape, flat, flat_shape, pa, pb, po);
+        } else {
+          run_binary<double>(op, flat, flat, flat_shape, flat, flat_shape, pa, pb, po);
+        }
+      });
     } else if (dtype == DType::kF32) {
       run_binary<float>(op, box, block_box(a, device), a.shape(), block_box(b, device), b.shape(), block(a, device),
                         block(b, device), o);
@@ -310,19 +324,24 @@ Tensor unary_raw(Unary op, const Tensor& x_in, double factor, const char* name) 
     }
   };
   return output(x, x.shape(), x.dtype(), x.sharding(), x.partial(), [&](int64_t device, const Box& box, std::byte* o) {
-    const auto* in = reinterpret_cast<const float*>(block(x, device));
-    auto* out = reinterpret_cast<float*>(o);
-    if (x.dtype() == DType::kF32 && op == Unary::kExp) {
-      exp_f32(in, out, box.volume());
-    } else if (x.dtype() == DType::kF32 && op == Unary::kGelu) {
-      gelu_f32(in, out, box.volume());
-    } else if (x.dtype() == DType::kF32 && op == Unary::kSilu) {
-      silu_f32(in, out, box.volume());
-    } else if (x.dtype() == DType::kF32) {
-      apply(reinterpret_cast<const float*>(block(x, device)), reinterpret_cast<float*>(o), box.volume());
-    } else {
-      apply(reinterpret_cast<const double*>(block(x, device)), reinterpret_cast<double*>(o), box.volume());
-    }
+    detail::split_range(box.volume(), 1 << 14, [&](int64_t lo, int64_t hi) {
+      const int64_t n = hi - lo;
+      if (x.dtype() == DType::kF32) {
+        const float* in = reinterpret_cast<const float*>(block(x, device)) + lo;
+        float* out = reinterpret_cast<float*>(o) + lo;
+        if (op == Unary::kExp) {
+          exp_f32(in, out, n);
+        } else if (op == Unary::kGelu) {
+          gelu_f32(in, out, n);
+        } else if (op == Unary::kSilu) {
+          silu_f32(in, out, n);
+        } else {
+          apply(in, out, n);
+        }
+      } else {
+        apply(reinterpret_cast<const double*>(block(x, device)) + lo, reinterpret_cast<double*>(o) + lo, n);
+      }
+    });
   });
 }
 
@@ -717,7 +736,7 @@ Tensor softmax_fused(const Tensor& x_in) {
     return [&like, per_rows](int64_t device, const Box& box, std::byte* o) {
       const int64_t n_last = box.extent(box.rank() - 1);
       const int64_t rows = n_last == 0 ? 0 : box.volume() / n_last;
-      detail::split_range(like.shards().runtime(), rows, 16, [&](int64_t lo, int64_t hi) {
+      detail::split_range(rows, 16, [&](int64_t lo, int64_t hi) {
         per_rows(device, o, lo, hi, n_last);
       });
     };

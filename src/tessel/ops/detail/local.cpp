@@ -13,6 +13,14 @@
 
 namespace tessel::ops::detail {
 
+namespace {
+// Set only by the thread that launches ops, between parallel regions; read by workers.
+std::atomic<int> g_blas_threads{0};
+// While an op with fewer blocks than cores runs its blocks on the launching thread: the pool
+// whose idle workers split the work inside each block (split_range, gemm).
+std::atomic<WorkerPool*> g_spread_pool{nullptr};
+}  // namespace
+
 Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
@@ -21,13 +29,20 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
   for (size_t s = 0; s < builder.size(); ++s) {
     if (builder.addressable(s)) local.push_back(s);
   }
-  // Fewer blocks than cores (one device, say): the blocks run one after another and BLAS gets the
-  // cores instead. Otherwise one block per pool task with single-threaded BLAS.
-  const int cores = rt.pool().size();
-  const int blas = local.size() < static_cast<size_t>(cores) ? std::max(1, cores / std::max<int>(1, static_cast<int>(local.size()))) : 1;
-  set_blas_threads(blas);
-  if (blas > 1) {
-    for (size_t s : local) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
+  // BLAS stays single-threaded: its own spinning threads would fight the pool for the cores.
+  // With at least as many blocks as cores, one block per pool task. With fewer (one device),
+  // the blocks run one after another and the work inside each is split over the pool.
+  set_blas_threads(1);
+  const bool spread = local.size() < static_cast<size_t>(rt.pool().size()) && g_spread_pool.load() == nullptr;
+  if (spread) {
+    g_spread_pool.store(&rt.pool());
+    try {
+      for (size_t s : local) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
+    } catch (...) {
+      g_spread_pool.store(nullptr);
+      throw;
+    }
+    g_spread_pool.store(nullptr);
   } else {
     rt.pool().parallel_for(static_cast<int64_t>(local.size()), [&](int64_t i) {
       const size_t s = local[static_cast<size_t>(i)];
@@ -37,51 +52,71 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
   return std::move(builder).finish();
 }
 
-namespace {
-// Changed only by the thread that launches ops, between parallel regions; read by workers.
-std::atomic<int> g_blas_threads{0};
-}  // namespace
-
 void set_blas_threads(int threads) {
   if (threads == g_blas_threads.load()) return;
   openblas_set_num_threads(threads);
   g_blas_threads.store(threads);
 }
 
-int blas_threads() { return g_blas_threads.load(); }
+int spread() {
+  WorkerPool* pool = g_spread_pool.load();
+  return pool ? pool->size() : 1;
+}
 
-void split_range(const Runtime& rt, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-  const int cores = rt.pool().size();
-  if (blas_threads() <= 1 || n < 2 * grain) {
+void split_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  WorkerPool* pool = g_spread_pool.load();
+  if (!pool || n < 2 * grain) {
     body(0, n);
     return;
   }
-  // A few-blocks op: this thread launched it and the workers are idle.
-  const int64_t pieces = std::min<int64_t>(cores, n / grain);
-  rt.pool().parallel_for(pieces, [&](int64_t p) { body(n * p / pieces, n * (p + 1) / pieces); });
+  const int64_t pieces = std::min<int64_t>(pool->size(), n / grain);
+  pool->parallel_for(pieces, [&](int64_t p) { body(n * p / pieces, n * (p + 1) / pieces); });
 }
+
+namespace {
+
+void gemm_ld(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
+             int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate) {
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  switch (dtype) {
+    case DType::kF32:
+      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, reinterpret_cast<const float*>(a), static_cast<int>(lda),
+                  reinterpret_cast<const float*>(b), static_cast<int>(ldb), accumulate ? 1.0f : 0.0f,
+                  reinterpret_cast<float*>(c), static_cast<int>(ldc));
+      return;
+    case DType::kF64:
+      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, reinterpret_cast<const double*>(a), static_cast<int>(lda),
+                  reinterpret_cast<const double*>(b), static_cast<int>(ldb), accumulate ? 1.0 : 0.0,
+                  reinterpret_cast<double*>(c), static_cast<int>(ldc));
+      return;
+    default:
+      throw ValueError("matrix products take f32 or f64, not " + std::string(name(dtype)) + " (cast first)");
+  }
+}
+
+}  // namespace
 
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
           const std::byte* b, std::byte* c, bool accumulate) {
   if (m == 0 || n == 0) return;
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-  const int lda = static_cast<int>(trans_a ? m : k), ldb = static_cast<int>(trans_b ? k : n);
-  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const int64_t item = static_cast<int64_t>(item_size(dtype));
   if (k == 0) {
-    if (!accumulate) std::fill(c, c + m * n * static_cast<int64_t>(item_size(dtype)), std::byte{0});
+    if (!accumulate) std::fill(c, c + m * n * item, std::byte{0});
     return;
   }
-  switch (dtype) {
-    case DType::kF32:
-      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, reinterpret_cast<const float*>(a), lda,
-                  reinterpret_cast<const float*>(b), ldb, accumulate ? 1.0f : 0.0f, reinterpret_cast<float*>(c), N);
-      return;
-    case DType::kF64:
-      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, reinterpret_cast<const double*>(a), lda,
-                  reinterpret_cast<const double*>(b), ldb, accumulate ? 1.0 : 0.0, reinterpret_cast<double*>(c), N);
-      return;
-    default:
-      throw ValueError("matrix products take f32 or f64, not " + std::string(name(dtype)) + " (cast first)");
+  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  // Split over the pool by rows of C (the longer side) or by its columns, in panels of at least 64.
+  if (m >= n) {
+    split_range(m, 64, [&](int64_t lo, int64_t hi) {
+      const std::byte* pa = a + (trans_a ? lo : lo * lda) * item;
+      gemm_ld(dtype, trans_a, trans_b, hi - lo, n, k, pa, lda, b, ldb, c + lo * n * item, n, accumulate);
+    });
+  } else {
+    split_range(n, 64, [&](int64_t lo, int64_t hi) {
+      const std::byte* pb = b + (trans_b ? lo * ldb : lo) * item;
+      gemm_ld(dtype, trans_a, trans_b, m, hi - lo, k, a, lda, pb, ldb, c + lo * item, n, accumulate);
+    });
   }
 }
 

@@ -16,17 +16,17 @@ namespace tessel::ops::detail {
 Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
 
-// OpenBLAS's thread count (process-wide); set by compute_shards before each op: the cores when
-// the op has fewer blocks than cores (one device), else 1.
+// OpenBLAS's thread count (process-wide). Ops keep it at 1 and split work over the pool.
 void set_blas_threads(int threads);
-int blas_threads();
 
-// Inside a compute_shards fn: body(lo, hi) over pieces of [0, n) on all cores when the op runs
-// its blocks one after another (fewer blocks than cores), else body(0, n) on this thread. Pieces
-// hold at least `grain` items.
-void split_range(const Runtime& rt, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+// Inside a compute_shards fn: the cores the fn may spread over (> 1 only when the op has fewer
+// blocks than cores and runs them on the launching thread), and body(lo, hi) over pieces of
+// [0, n) on those cores, each piece at least `grain` items (else body(0, n) here).
+int spread();
+void split_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
 
 // Row-major C[m,n] = op(A) op(B) (+ C when accumulate), f32 or f64; op transposes when asked.
+// Split by rows or columns of C over the cores when spread() > 1.
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
           const std::byte* b, std::byte* c, bool accumulate);
 
