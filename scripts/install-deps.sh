@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages tessel needs, if any is missing (run as root).
-# Usage: scripts/install-deps.sh [build|test]   (test adds clang for the fuzzers, PyYAML for bench)
+# Usage: scripts/install-deps.sh [build|test|bench]
+#   test adds clang for the fuzzers and python3-zarr for the interop tests; bench adds the peers
+#   of bench/train_bench.sh: PyTorch and the OpenMP build of OpenBLAS (its tuned configuration).
 set -euo pipefail
 packages=(cmake make g++ pkg-config nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
           libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev)
-if [ "${1:-build}" = test ]; then
+if [ "${1:-build}" = test ] || [ "${1:-build}" = bench ]; then
   packages+=(clang libclang-rt-14-dev python3 python3-yaml python3-zarr)
+fi
+if [ "${1:-build}" = bench ]; then
+  packages+=(python3-torch libopenblas0-openmp)
 fi
 missing=()
 for p in "${packages[@]}"; do

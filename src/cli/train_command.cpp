@@ -29,14 +29,14 @@ namespace {
 constexpr const char* kDefaultModel = R"(model: transformer
 vocab: 256
 embed: 128
-layers: 2
+layers: 4
 heads: 4
 mlp: 512
 )";
 
 struct TrainArgs {
   std::string model, mesh = "data=2,fsdp=2,tensor=2", rules, data, checkpoint_dir, metrics, optimizer = "adamw";
-  int64_t steps = 300, batch = 16, seq = 64, warmup = 20, checkpoint_every = 0, log_every = 10, keep = 3;
+  int64_t steps = 300, batch = 16, seq = 128, warmup = 20, checkpoint_every = 0, log_every = 10, keep = 3;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
   uint64_t seed = 0;
   std::optional<int64_t> stop_at;

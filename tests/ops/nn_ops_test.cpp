@@ -180,6 +180,29 @@ TEST(NnOps, SoftmaxMaxAndCrossEntropyMatchTheHost) {
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("index 3 is out of range [0, 3)")));
 }
 
+TEST(NnOps, RmsNormMatchesTheHostFusedOrNot) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(27);
+  for (int iter = 0; iter < 12; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t rows = 1 + iter % 4, n = 2 + iter % 5;
+    const Host x = random_host(rng, {2, rows, n}), scale = random_host(rng, {n});
+    std::vector<double> want;
+    for (int64_t r = 0; r < 2 * rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i) ss += x.v[r * n + i] * x.v[r * n + i];
+      const double inv = 1 / std::sqrt(ss / static_cast<double>(n) + 1e-5);
+      for (int64_t i = 0; i < n; ++i) want.push_back(x.v[r * n + i] * inv * scale.v[i]);
+    }
+    const Tensor tx = put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 3)));
+    const Tensor ts = put(rt, scale, NamedSharding(mesh, testing::random_spec(rng, mesh, 1)));
+    expect_near(values(ops::rms_norm(tx, ts, 1e-5)), want);
+    check_gradient(rt, rng, mesh, {x, scale},
+                   [](const std::vector<Tensor>& in) { return ops::rms_norm(in[0], in[1], 1e-5); });
+  }
+}
+
 TEST(NnOps, TakeLooksUpRowsOfAShardedTable) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(24);

@@ -71,10 +71,7 @@ Params tensors(const State& state) {
   return out;
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& scale, double eps) {
-  const Tensor inv = ops::rsqrt(ops::add_scalar(ops::mean(ops::square(x), x.rank() - 1, true), eps));
-  return ops::mul(ops::mul(x, inv), scale);
-}
+Tensor rms_norm(const Tensor& x, const Tensor& scale, double eps) { return ops::rms_norm(x, scale, eps); }
 
 Tensor dot_relu_dot(const Params& p, const Tensor& x) {
   return ops::dot(ops::relu(ops::dot(x, at(p, "dot1/kernel"))), at(p, "w2"));

@@ -775,6 +775,98 @@ Tensor softmax(const Tensor& x, size_t dim) {
   return div(e, sum(e, dim, true));
 }
 
+namespace {
+
+// One row block of the fused RMSNorm: y = x * inv * scale, inv = 1 / sqrt(mean(x^2) + eps).
+template <class T>
+void rms_rows(const T* x, const T* scale, T* y, T* inv, int64_t rows, int64_t n, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* in = x + r * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(in[i]) * in[i];
+    const T v = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+    inv[r] = v;
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = in[i] * v * scale[i];
+  }
+}
+
+// dx = inv * (g * scale - x * inv^2 * mean(g * scale * x)).
+template <class T>
+void rms_grad_rows(const T* x, const T* scale, const T* inv, const T* g, T* dx, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * n, *gr = g + r * n;
+    double dot = 0;
+    for (int64_t i = 0; i < n; ++i) dot += static_cast<double>(gr[i]) * scale[i] * xr[i];
+    const T v = inv[r];
+    const T c = static_cast<T>(dot / static_cast<double>(n)) * v * v;
+    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = v * (gr[i] * scale[i] - xr[i] * c);
+  }
+}
+
+}  // namespace
+
+Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
+  check_operands(x_in, scale_in, "rms_norm");
+  const size_t r = x_in.rank();
+  if (r < 1 || scale_in.rank() != 1 || scale_in.shape()[0] != x_in.shape()[r - 1]) {
+    throw ValueError("rms_norm: the scale " + scale_in.to_string() + " does not match the last dimension of " +
+                     x_in.to_string());
+  }
+  // The fused kernel needs whole rows; a split last dimension takes the composite path.
+  const Tensor x = reduce_raw(x_in, nullptr);
+  if (!dims_of(x.sharding(), r)[r - 1].empty()) {
+    const Tensor inv = rsqrt(add_scalar(mean(square(x_in), r - 1, true), eps));
+    return mul(mul(x_in, inv), scale_in);
+  }
+  const Tensor scale = reshard_raw(reduce_raw(scale_in, nullptr), NamedSharding(x.mesh(), {}));
+  const int64_t n = x.shape()[r - 1];
+  // The per-row inverse norms, kept for the backward pass: [..., 1] split like x's rows.
+  std::vector<int64_t> rows_shape(x.shape().dims().begin(), x.shape().dims().end());
+  rows_shape.back() = 1;
+  Dims rows_dims = dims_of(x.sharding(), r);
+  const NamedSharding rows_sharding = with_dims(x.mesh(), rows_dims);
+  Tensor inv;
+  if (x.is_abstract()) {
+    inv = Tensor::abstract(Shape(rows_shape), x.dtype(), rows_sharding);
+  } else {
+    inv = Tensor(detail::compute_shards(x.shards().runtime(), Shape(rows_shape), x.dtype(), rows_sharding,
+                                        [](int64_t, const Box&, std::byte*) {}));
+  }
+  Tensor y = output(x, x.shape(), x.dtype(), x.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
+    const int64_t rows = n == 0 ? 0 : box.volume() / n;
+    detail::split_range(rows, 16, [&](int64_t lo, int64_t hi) {
+      dispatch_float(x.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        T* iv = reinterpret_cast<T*>(const_cast<std::byte*>(block(inv, device)));
+        rms_rows(reinterpret_cast<const T*>(block(x, device)) + lo * n, reinterpret_cast<const T*>(block(scale, device)),
+                 reinterpret_cast<T*>(o) + lo * n, iv + lo, hi - lo, n, eps);
+      });
+    });
+  });
+  return record(y, {x_in, scale_in}, [x, scale, inv, n, nx = needs(x_in), ns = needs(scale_in)](const Tensor& g_in) {
+    const Tensor g = reshard_raw(reduce_raw(g_in, nullptr), x.sharding());
+    Tensor dx, dscale;
+    if (nx) {
+      dx = output(x, x.shape(), x.dtype(), x.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
+        const int64_t rows = n == 0 ? 0 : box.volume() / n;
+        detail::split_range(rows, 16, [&](int64_t lo, int64_t hi) {
+          dispatch_float(x.dtype(), [&](auto zero) {
+            using T = decltype(zero);
+            rms_grad_rows(reinterpret_cast<const T*>(block(x, device)) + lo * n,
+                          reinterpret_cast<const T*>(block(scale, device)),
+                          reinterpret_cast<const T*>(block(inv, device)) + lo,
+                          reinterpret_cast<const T*>(block(g, device)) + lo * n, reinterpret_cast<T*>(o) + lo * n,
+                          hi - lo, n);
+          });
+        });
+      });
+    }
+    // dscale = sum over rows of g * x * inv: a partial sum over the axes splitting the rows.
+    if (ns) dscale = sum_to(mul(g, mul(x, inv)), Shape{n});
+    return std::vector<Tensor>{dx, dscale};
+  });
+}
+
 Tensor log_softmax(const Tensor& x, size_t dim) {
   const Tensor shifted = sub(x, stop_gradient(max(x, dim, true)));
   return sub(shifted, log(sum(exp(shifted), dim, true)));

@@ -75,6 +75,9 @@ Tensor mean(const Tensor& x);  // over all dimensions: a scalar
 // the maximum is all-reduced and the normalizer is a partial sum reduced once.
 Tensor softmax(const Tensor& x, size_t dim);
 Tensor log_softmax(const Tensor& x, size_t dim);
+// x * rsqrt(mean(x^2 over the last dimension) + eps) * scale[last] (RMSNorm), fused in one pass
+// per row and its gradient in one more, when the last dimension is not split.
+Tensor rms_norm(const Tensor& x, const Tensor& scale, double eps);
 // The mean over all positions of -log softmax(logits)[label]; labels: i32/i64 of logits' shape
 // without its last (class) dimension.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);

@@ -58,6 +58,8 @@ void set_blas_threads(int threads) {
   g_blas_threads.store(threads);
 }
 
+const char* blas_core() { return openblas_get_corename(); }
+
 int spread() {
   WorkerPool* pool = g_spread_pool.load();
   return pool ? pool->size() : 1;

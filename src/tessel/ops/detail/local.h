@@ -18,6 +18,8 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
 
 // OpenBLAS's thread count (process-wide). Ops keep it at 1 and split work over the pool.
 void set_blas_threads(int threads);
+// The kernel family OpenBLAS picked ("Cooperlake", "Haswell": see OPENBLAS_CORETYPE).
+const char* blas_core();
 
 // Inside a compute_shards fn: the cores the fn may spread over (> 1 only when the op has fewer
 // blocks than cores and runs them on the launching thread), and body(lo, hi) over pieces of

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Training figures, all measured in this one run on this machine: OpenBLAS's SGEMM rate on the
+# models' shapes with every core (and again with OPENBLAS_CORETYPE=Haswell, which these machines
+# may set), then one train step of DotReluDot and of the small LM on 1 device and on 8 virtual
+# devices per parallelism, against the GEMM-only lower bound (FLOPs / measured rate), against the
+# 1-device step, and against the same models in PyTorch (bench/torch_peer.py, same threads):
+# as Debian ships it, and tuned (OpenMP OpenBLAS, every thread pool at the core count).
+# Usage: bench/train_bench.sh [BUILD_DIR]   (run scripts/install-deps.sh bench first, as root)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+build=${1:-$root/build}
+threads=$(nproc)
+py=/usr/bin/python3
+"$build/bench/bench_train" --benchmark_format=json > "$build/bench_train.json"
+OPENBLAS_CORETYPE=Haswell "$build/bench/bench_train" --benchmark_filter=Sgemm --benchmark_format=json \
+  > "$build/bench_train_haswell.json"
+"$py" "$here/torch_peer.py" "$threads" > "$build/torch_default.json"
+omp=/usr/lib/x86_64-linux-gnu/openblas-openmp
+if [ -e "$omp/libblas.so.3" ]; then
+  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads LD_LIBRARY_PATH=$omp \
+    "$py" "$here/torch_peer.py" "$threads" > "$build/torch_tuned.json"
+else
+  echo "no $omp (libopenblas0-openmp): the tuned PyTorch run repeats the default one" >&2
+  cp "$build/torch_default.json" "$build/torch_tuned.json"
+fi
+
+"$py" - "$build" "$threads" <<'PY'
+import json, os, sys
+build, threads = sys.argv[1], int(sys.argv[2])
+doc = json.load(open(f"{build}/bench_train.json"))
+has = json.load(open(f"{build}/bench_train_haswell.json"))
+print(f"machine: {doc['context'].get('num_cpus')} cpus; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+def rates(d):
+    return [b["flops"] / 1e9 for b in d["benchmarks"] if b["name"].startswith("BM_Sgemm")]
+r, rh = rates(doc), rates(has)
+core = next(b["label"] for b in doc["benchmarks"] if b["name"].startswith("BM_Sgemm"))
+mlp_rate, lm_rate = sum(r[:3]) / 3, sum(r[3:]) / 4
+print(f"SGEMM, {threads} threads, kernels {core}: MLP shapes {mlp_rate:.0f} GFLOP/s, LM shapes {lm_rate:.0f} GFLOP/s; "
+      f"with OPENBLAS_CORETYPE=Haswell: {sum(rh[:3]) / 3:.0f} and {sum(rh[3:]) / 4:.0f}")
+# FLOPs of one step: forward GEMMs x 3 (the backward pass needs two products per forward one).
+mlp_flops = 3 * 2 * 2 * 512 * 1024 * 4096
+B, S, E, L, H, M, V = 16, 128, 256, 4, 4, 1024, 256
+T = B * S
+lm_flops = 3 * (L * (2 * T * (4 * E * E + 2 * E * M) + 2 * 2 * B * S * S * E) + 2 * T * E * V)
+steps = {}
+for b in doc["benchmarks"]:
+    if b["name"].startswith("BM_TrainStep"):
+        steps[b["label"]] = b["real_time"] / 1e3 if b["time_unit"] == "ms" else b["real_time"]
+print(f"\n{'step':34s} {'time':>9s} {'GEMM bound':>11s} {'/ bound':>8s} {'/ 1 device':>10s}")
+for model, flops, rate in [("mlp", mlp_flops, mlp_rate), ("lm", lm_flops, lm_rate)]:
+    bound = flops / (rate * 1e9)
+    one = steps[f"{model} data=1"]
+    for label, t in steps.items():
+        if label.startswith(model + " "):
+            print(f"{label:34s} {t * 1e3:7.1f} ms {bound * 1e3:8.1f} ms {t / bound:7.2f}x {t / one:9.2f}x")
+default = json.load(open(f"{build}/torch_default.json"))
+tuned = json.load(open(f"{build}/torch_tuned.json"))
+print(f"\nPyTorch {default['torch']}, {threads} threads: as shipped MLP {default['mlp_s'] * 1e3:.1f} ms, "
+      f"LM {default['lm_s'] * 1e3:.1f} ms; tuned MLP {tuned['mlp_s'] * 1e3:.1f} ms, LM {tuned['lm_s'] * 1e3:.1f} ms")
+for model, key in [("mlp", "mlp_s"), ("lm", "lm_s")]:
+    ours = steps[f"{model} data=1"]
+    print(f"{model}: tessel 1 device {ours * 1e3:.1f} ms = {tuned[key] / ours:.2f}x tuned PyTorch's speed, "
+          f"{default[key] / ours:.2f}x as shipped (above 1: tessel is faster)")
+tokens = B * S
+print(f"LM tokens/s: tessel {tokens / steps['lm data=1']:.0f} (1 device), "
+      f"{tokens / steps['lm data=2,fsdp=2,tensor=2']:.0f} (data=2,fsdp=2,tensor=2); PyTorch tuned {tokens / tuned['lm_s']:.0f}")
+PY
