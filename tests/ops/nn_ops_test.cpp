@@ -107,6 +107,30 @@ TEST(NnOps, UnaryAndDivisionMatchTheHostAndFiniteDifferences) {
   }
 }
 
+TEST(NnOps, BroadcastingGradientsAndLogicalConstraints) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(28);
+  for (int iter = 0; iter < 6; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const Host x = random_host(rng, {3, 4, 5}), row = random_host(rng, {5}), col = random_host(rng, {3, 1, 1});
+    check_gradient(rt, rng, mesh, {x, row, col}, [](const std::vector<Tensor>& in) {
+      return ops::mul(ops::add(in[0], in[1]), ops::sub(in[2], ops::neg(in[1])));
+    });
+    check_gradient(rt, rng, mesh, {x}, [](const std::vector<Tensor>& in) {
+      return ops::log_softmax(ops::scale(in[0], 0.5), 2);
+    });
+  }
+  // A logical constraint resolves through the rules, like flax's nn.with_logical_constraint.
+  const LogicalRules rules(std::vector<LogicalRule>{{"batch", {"data"}}, {"embed", {"fsdp"}}}, {"data", "fsdp"});
+  const Mesh mesh = Mesh::parse("data=2,fsdp=4");
+  const Tensor t = put(rt, random_host(rng, {4, 8}), NamedSharding(mesh, {}));
+  const Tensor c = ops::with_sharding_constraint(t, {"batch", "embed"}, rules);
+  EXPECT_EQ(c.sharding().spec(), PartitionSpec({{"data"}, {"fsdp"}}));
+  expect_near(values(c), values(t));
+  EXPECT_THROW(ops::with_sharding_constraint(t, {"batch"}, rules), ValueError);
+}
+
 TEST(NnOps, BatchedMatmulWithTransposesMatchesTheHost) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(22);

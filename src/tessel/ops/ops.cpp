@@ -468,6 +468,14 @@ Tensor with_sharding_constraint(const Tensor& x, const PartitionSpec& spec) {
   return reshard(x, NamedSharding(x.mesh(), spec));
 }
 
+Tensor with_sharding_constraint(const Tensor& x, const LogicalAxes& logical, const LogicalRules& rules) {
+  if (logical.size() != x.rank()) {
+    throw ValueError("with_sharding_constraint: " + std::to_string(logical.size()) + " logical axes for " +
+                     x.to_string());
+  }
+  return with_sharding_constraint(x, rules.logical_to_mesh_axes(logical, "with_sharding_constraint"));
+}
+
 Tensor dot(const Tensor& a, const Tensor& b) {
   return record(dot_impl(a, b, false), {a, b}, [a, b](const Tensor& g) {
     return std::vector<Tensor>{needs(a) ? dot_nt(g, b) : Tensor(), needs(b) ? dot_tn(a, g) : Tensor()};

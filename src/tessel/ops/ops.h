@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tessel/ops/tensor.h"
+#include "tessel/sharding/logical_rules.h"
 #include "tessel/sharding/partition_spec.h"
 
 namespace tessel::ops {
@@ -23,8 +24,10 @@ namespace tessel::ops {
 // The value on `target` (any mesh of the runtime). A partial input is reduce-scattered where the
 // target shards a dimension over a partial axis and all-reduced over the rest first.
 Tensor reshard(const Tensor& x, const NamedSharding& target);
-// The user's hint: the value with `spec` on its own mesh.
+// The user's hint: the value with `spec` on its own mesh, or with the spec its logical axes resolve
+// to under `rules` (as flax's nn.with_logical_constraint).
 Tensor with_sharding_constraint(const Tensor& x, const PartitionSpec& spec);
+Tensor with_sharding_constraint(const Tensor& x, const LogicalAxes& logical, const LogicalRules& rules);
 // All-reduces a partial tensor (no-op otherwise).
 Tensor reduce(const Tensor& x);
 
