@@ -310,7 +310,8 @@ Tensor index(const Tensor& x, size_t dim, int64_t i) {
   od.erase(od.begin() + static_cast<std::ptrdiff_t>(dim));
   const size_t item = item_size(x.dtype());
   Tensor out = output(placed, Shape(dims), x.dtype(), with_dims(x.mesh(), od), placed.partial(),
-                      [&](int64_t device, const Box&, std::byte* o) {
+                      [&](int64_t device, const Box& box, std::byte* o) {
+                        if (box.volume() == 0) return;
                         const Box& xb = block_box(placed, device);
                         int64_t outer = 1, inner = static_cast<int64_t>(item);
                         for (size_t k = 0; k < dim; ++k) outer *= xb.extent(k);
@@ -337,6 +338,7 @@ Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i) {
   const size_t item = item_size(g.dtype());
   Tensor out = output(g, shape, g.dtype(), with_dims(g.mesh(), d), g.partial(),
                       [&](int64_t device, const Box& box, std::byte* o) {
+                        if (box.volume() == 0) return;
                         std::memset(o, 0, static_cast<size_t>(box.volume()) * item);
                         int64_t outer = 1, inner = static_cast<int64_t>(item);
                         for (size_t k = 0; k < dim; ++k) outer *= box.extent(k);

@@ -27,7 +27,8 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
   builder.allocate_all();
   std::vector<size_t> local;
   for (size_t s = 0; s < builder.size(); ++s) {
-    if (builder.addressable(s)) local.push_back(s);
+    // Empty blocks (uneven splits) have nothing to write: fn never sees a null buffer.
+    if (builder.addressable(s) && builder.shard(s).box.volume() > 0) local.push_back(s);
   }
   // BLAS stays single-threaded: its own spinning threads would fight the pool for the cores.
   // With at least as many blocks as cores, one block per pool task. With fewer (one device),
