@@ -1,8 +1,10 @@
 // libFuzzer target for what a checkpoint directory feeds tessel: `_METADATA` (with `_sharding`),
-// `.zarray`, saved sharding strings, and chunk bytes through the none/zstd/blosc decoders.
+// `.zarray`, saved sharding strings, chunk bytes through the none/zstd/blosc decoders, and the
+// data position `tessel train` saves beside the state.
 // The first byte picks the parser; tessel::Error is the expected outcome of bad input.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -10,10 +12,11 @@
 #include "tessel/checkpoint/metadata.h"
 #include "tessel/checkpoint/zarr.h"
 #include "tessel/core/error.h"
+#include "tessel/nn/dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t mode = data[0] % 6;
+  const uint8_t mode = data[0] % 7;
   std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     switch (mode) {
@@ -47,6 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         tessel::decompress(c, {p, text.size() - 2}, out, "chunk");
         break;
       }
+      case 6:
+        (void)tessel::nn::DataPosition::from_json(std::string(text), nullptr);
+        break;
     }
   } catch (const tessel::Error&) {
   }

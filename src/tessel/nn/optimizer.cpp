@@ -86,7 +86,9 @@ State init_optimizer(const OptimizerConfig& config, const State& params) {
 
 double global_norm(const std::map<std::string, Array>& arrays) {
   double total = 0;
-  for (const auto& [path, a] : arrays) {
+  for (const auto& entry : arrays) {
+    const std::string& path = entry.first;  // named, not bound: lambdas below capture it
+    const Array& a = entry.second;
     const std::span<const Shard> shards = a.shards();
     std::vector<double> partial(shards.size(), 0.0);
     a.runtime().pool().parallel_for(static_cast<int64_t>(shards.size()), [&](int64_t i) {
@@ -124,7 +126,9 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
   const double t = static_cast<double>(step + 1);
   const double bc1 = 1 - std::pow(c.b1, t), bc2 = 1 - std::pow(c.b2, t);
   const bool adam = c.kind == OptimizerKind::kAdamW, momentum = !adam && c.momentum != 0;
-  for (const auto& [path, v] : params) {
+  for (const auto& entry : params) {
+    const std::string& path = entry.first;  // named, not bound: lambdas below capture it
+    const Variable& v = entry.second;
     const Array& p = v.array(path);
     const Array& g = grads.at(path);
     check_same_layout(p, g, "the gradient of '" + path + "'");

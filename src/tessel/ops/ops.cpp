@@ -739,9 +739,8 @@ void softmax_grad_rows(const T* y, const T* g, T* dx, int64_t rows, int64_t n) {
 // Softmax over an unsplit last dimension in one pass per row, forward and backward.
 Tensor softmax_fused(const Tensor& x_in) {
   const Tensor x = reduce_raw(x_in, nullptr);
-  const int64_t n = x.shape()[x.rank() - 1];
-  auto rows_kernel = [](const Tensor& like, auto&& per_rows) {
-    return [&like, per_rows](int64_t device, const Box& box, std::byte* o) {
+  auto rows_kernel = [](auto&& per_rows) {
+    return [per_rows](int64_t device, const Box& box, std::byte* o) {
       const int64_t n_last = box.extent(box.rank() - 1);
       const int64_t rows = n_last == 0 ? 0 : box.volume() / n_last;
       detail::split_range(rows, 16, [&](int64_t lo, int64_t hi) {
@@ -750,18 +749,17 @@ Tensor softmax_fused(const Tensor& x_in) {
     };
   };
   Tensor y = output(x, x.shape(), x.dtype(), x.sharding(), {},
-                    rows_kernel(x, [&](int64_t device, std::byte* o, int64_t lo, int64_t hi, int64_t len) {
+                    rows_kernel([&](int64_t device, std::byte* o, int64_t lo, int64_t hi, int64_t len) {
                       dispatch_float(x.dtype(), [&](auto zero) {
                         using T = decltype(zero);
                         softmax_rows(reinterpret_cast<const T*>(block(x, device)) + lo * len,
                                      reinterpret_cast<T*>(o) + lo * len, hi - lo, len);
                       });
                     }));
-  (void)n;
   return record(y, {x_in}, [y = detach(y), rows_kernel](const Tensor& g_in) {
     const Tensor g = reshard_raw(reduce_raw(g_in, nullptr), y.sharding());
     return std::vector<Tensor>{output(y, y.shape(), y.dtype(), y.sharding(), {},
-                                      rows_kernel(y, [&](int64_t device, std::byte* o, int64_t lo, int64_t hi, int64_t len) {
+                                      rows_kernel([&](int64_t device, std::byte* o, int64_t lo, int64_t hi, int64_t len) {
                                         dispatch_float(y.dtype(), [&](auto zero) {
                                           using T = decltype(zero);
                                           softmax_grad_rows(reinterpret_cast<const T*>(block(y, device)) + lo * len,

@@ -109,6 +109,13 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
     return;
   }
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  WorkerPool* pool = g_spread_pool.load();
+  if (pool && m * n * k >= (int64_t{1} << 30)) {
+    set_blas_threads(pool->size());
+    gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate);
+    set_blas_threads(1);
+    return;
+  }
   // Split over the pool by rows of C (the longer side) or by its columns, in panels of at least 64.
   if (m >= n) {
     split_range(m, 64, [&](int64_t lo, int64_t hi) {
