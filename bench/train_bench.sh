@@ -35,9 +35,11 @@ def rates(d):
     return [b["flops"] / 1e9 for b in d["benchmarks"] if b["name"].startswith("BM_Sgemm")]
 r, rh = rates(doc), rates(has)
 core = next(b["label"] for b in doc["benchmarks"] if b["name"].startswith("BM_Sgemm"))
-mlp_rate, lm_rate = sum(r[:3]) / 3, sum(r[3:]) / 4
-print(f"SGEMM, {threads} threads, kernels {core}: MLP shapes {mlp_rate:.0f} GFLOP/s, LM shapes {lm_rate:.0f} GFLOP/s; "
-      f"with OPENBLAS_CORETYPE=Haswell: {sum(rh[:3]) / 3:.0f} and {sum(rh[3:]) / 4:.0f}")
+# The bound uses the best GEMM available: the faster of the two kernel families.
+mlp_rate, lm_rate = max(sum(r[:3]), sum(rh[:3])) / 3, max(sum(r[3:]), sum(rh[3:])) / 4
+print(f"SGEMM, {threads} threads, kernels {core}: MLP shapes {sum(r[:3]) / 3:.0f} GFLOP/s, LM shapes "
+      f"{sum(r[3:]) / 4:.0f} GFLOP/s; with OPENBLAS_CORETYPE=Haswell: {sum(rh[:3]) / 3:.0f} and {sum(rh[3:]) / 4:.0f}; "
+      f"bounds below use the faster: {mlp_rate:.0f} and {lm_rate:.0f}")
 # FLOPs of one step: forward GEMMs x 3 (the backward pass needs two products per forward one).
 mlp_flops = 3 * 2 * 2 * 512 * 1024 * 4096
 B, S, E, L, H, M, V = 16, 128, 256, 4, 4, 1024, 256
