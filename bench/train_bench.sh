@@ -41,7 +41,8 @@ print(f"SGEMM, {threads} threads, kernels {core}: MLP shapes {sum(r[:3]) / 3:.0f
       f"{sum(r[3:]) / 4:.0f} GFLOP/s; with OPENBLAS_CORETYPE=Haswell: {sum(rh[:3]) / 3:.0f} and {sum(rh[3:]) / 4:.0f}; "
       f"bounds below use the faster: {mlp_rate:.0f} and {lm_rate:.0f}")
 # FLOPs of one step: forward GEMMs x 3 (the backward pass needs two products per forward one).
-mlp_flops = 3 * 2 * 2 * 512 * 1024 * 4096
+# DotReluDot: two forward products, and backward dW2, dH, dW1 (the batch needs no gradient).
+mlp_flops = 5 * 2 * 512 * 1024 * 4096
 B, S, E, L, H, M, V = 16, 128, 256, 4, 4, 1024, 256
 T = B * S
 lm_flops = 3 * (L * (2 * T * (4 * E * E + 2 * E * M) + 2 * 2 * B * S * S * E) + 2 * T * E * V)
