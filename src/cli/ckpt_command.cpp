@@ -49,7 +49,7 @@ void info(const CkptArgs& a) {
   const fs::path root(a.dir);
   const fs::path item = find_item_dir(root, a.step);
   std::vector<int64_t> steps;
-  if (!fs::exists(root / "_METADATA") && !fs::is_directory(root / "default")) steps = list_steps(root);
+  if (item != root && item.parent_path() != root) steps = list_steps(root);
   if (!steps.empty()) {
     j["steps"] = steps;
     text += fmt::format("steps: {} (latest {})\n", fmt::join(steps, ", "), steps.back());
@@ -62,7 +62,10 @@ void info(const CkptArgs& a) {
     text += fmt::format("step {}: items {}\n", item.parent_path().filename().string(), fmt::join(items, ", "));
   }
   j["item"] = item.string();
-  text += fmt::format("item {}\n", item.string());
+  const ItemMetadata meta = read_item_metadata(item);
+  const std::string storage = std::string(meta.use_ocdbt ? "OCDBT" : "files") + ", " + (meta.use_zarr3 ? "zarr3" : "zarr v2");
+  j["storage"] = storage;
+  text += fmt::format("item {} ({})\n", item.string(), storage);
   text += fmt::format("{:<48} {:<16} {:<14} {:>12}  {:<8} {}\n", "parameter", "type", "chunks", "stored", "codec",
                       "saved sharding / logical axes");
   int64_t total = 0;

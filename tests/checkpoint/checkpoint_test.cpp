@@ -379,12 +379,5 @@ TEST(OrbaxCompat, LegacyZarrArraysRestore) {
               ::testing::ThrowsMessage<ValueError>(HasSubstr("no saved NamedSharding")));
 }
 
-TEST(OrbaxCompat, OcdbtCheckpointsAreRefusedByName) {
-  Runtime rt = Runtime::host(1);
-  const fs::path dir = testing::testdata(
-      "orbax/compat_checkpoints/v0_checkpoints/direct_checkpoint/checkpoint_metadata_present/pytree_checkpointable_has_metadata");
-  EXPECT_THAT([&] { read_item_metadata(dir); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("OCDBT")));
-}
-
 }  // namespace
 }  // namespace tessel

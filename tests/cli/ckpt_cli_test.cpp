@@ -91,11 +91,29 @@ TEST(CkptCli, BadDirectoriesAndStepsAreNamed) {
   expect_one_line_error(run("ckpt info " + (tmp.path() / "none").string()), 1, "is not a directory");
   expect_one_line_error(run("ckpt info " + tmp.path().string()), 1, "holds no checkpoint");
   expect_one_line_error(run("ckpt verify " + tmp.path().string() + " --step 3"), 1, "holds no checkpoint");
-  expect_one_line_error(run("ckpt info " + testing::testdata("orbax/compat_checkpoints/v0_checkpoints/direct_checkpoint/"
-                                                             "checkpoint_metadata_present/pytree_checkpointable_has_metadata")
-                                               .string()),
-                        1, "OCDBT");
 }
+
+// Orbax's own checkpoints: OCDBT with zarr v2 (a direct save) and zarr3 (a composite one, whose
+// PyTree is the 'state' item).
+TEST(CkptCli, ReadsOrbaxCheckpoints) {
+  const std::string compat = testing::testdata("orbax/compat_checkpoints").string();
+  Result r = run("ckpt info " + compat + "/v0_checkpoints/direct_checkpoint/checkpoint_metadata_present/"
+                 "pytree_checkpointable_has_metadata");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(OCDBT, zarr v2)"));
+  EXPECT_THAT(r.out, HasSubstr("i32[8]"));
+  const std::string v1 = compat + "/v1_checkpoints/composite_checkpoint/checkpoint_metadata_present/"
+                         "pytree_checkpointable_has_metadata";
+  r = run("ckpt info " + v1);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("/state (OCDBT, zarr3)"));
+  EXPECT_THAT(r.out, HasSubstr("i32[3]"));
+  r = run("ckpt verify " + v1);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("2 arrays, 2 chunks"));
+  expect_one_line_error(run("ckpt verify " + compat + "/v0_checkpoints/direct_checkpoint/critical_metadata_alterations/"
+                            "missing_pytree_data_dir_d"),
+                        1, "/d/");}
 
 }  // namespace
 }  // namespace tessel

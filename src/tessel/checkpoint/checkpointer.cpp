@@ -16,6 +16,7 @@
 #include "tessel/checkpoint/detail/crc32c.h"
 #include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/checkpoint/detail/item_io.h"
+#include "tessel/checkpoint/detail/kvstore.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
 #include "tessel/checkpoint/zarr.h"
 #include "tessel/core/box_copy.h"
@@ -395,7 +396,8 @@ constexpr int64_t kSlabBytes = int64_t{1} << 20;
 struct LeafRead {
   std::string path;
   const ParamMetadata* meta;
-  fs::path dir;
+  const detail::KvStore* store;
+  std::string prefix;  // the parameter's keys start with it: "<name>/"
   ZarrArray zarr;
   DType target_dtype;
   bool allow_missing;  // absent chunks take the fill value
@@ -418,7 +420,7 @@ struct ReadTask {
 };
 
 std::string chunk_what(const LeafRead& p, const std::string& key) {
-  return "'" + p.path + "' chunk " + key + " (" + (p.dir / key).string() + ")";
+  return "'" + p.path + "' chunk " + key + " (" + p.store->describe(p.prefix + key) + ")";
 }
 
 // Compares a chunk's CRC-32C with the saved one, when the checkpoint has it.
@@ -429,16 +431,41 @@ void check_crc(const LeafRead& p, const std::string& key, uint32_t crc) {
   }
 }
 
-fs::path chunk_file(const LeafRead& p, const std::string& key) {
-  fs::path f = p.dir;
-  size_t start = 0;
-  for (;;) {  // '/' separated keys are nested directories
-    size_t sep = key.find('/', start);
-    f = detail::child_path(f, key.substr(start, sep - start), "chunk key");
-    if (sep == std::string::npos) return f;
-    detail::reject_symlink(f);
-    start = sep + 1;
+// The stored bytes of chunk `index`: a whole value, or its part of a zarr3 shard (found through
+// the shard's index, whose CRC-32C is checked). nullopt when the chunk was never written.
+std::optional<detail::StoredValue> locate_chunk(const LeafRead& p, std::span<const int64_t> index, const std::string& key) {
+  std::optional<detail::StoredValue> value = p.store->get(p.prefix + key);
+  if (!value || !p.zarr.sharded()) return value;
+  const ZarrArray& z = p.zarr;
+  const int64_t index_bytes = z.shard_index_bytes();
+  if (value->size() < index_bytes) {
+    throw ValueError(chunk_what(p, key) + ": a shard of " + std::to_string(value->size()) + " bytes cannot hold its index of " +
+                     std::to_string(index_bytes));
   }
+  const int64_t index_at = z.index_at_end() ? value->size() - index_bytes : 0;
+  const int64_t pos = z.position_in_shard(index);
+  std::vector<std::byte> table(static_cast<size_t>(index_bytes));
+  value->read(index_at, table);
+  if (z.index_checksum()) {
+    uint32_t crc = 0;
+    std::memcpy(&crc, table.data() + index_bytes - 4, 4);
+    if (detail::crc32c(std::span<const std::byte>(table).first(static_cast<size_t>(index_bytes - 4))) != crc) {
+      throw ValueError(chunk_what(p, key) + ": the shard index fails its CRC-32C (corrupt)");
+    }
+  }
+  uint64_t offset = 0, length = 0;
+  std::memcpy(&offset, table.data() + pos * 16, 8);
+  std::memcpy(&length, table.data() + pos * 16 + 8, 8);
+  if (offset == UINT64_MAX && length == UINT64_MAX) return std::nullopt;
+  const int64_t data_begin = z.index_at_end() ? 0 : index_bytes;
+  const int64_t data_end = z.index_at_end() ? index_at : value->size();
+  if (offset < static_cast<uint64_t>(data_begin) || offset > static_cast<uint64_t>(data_end) ||
+      length > static_cast<uint64_t>(data_end) - offset) {
+    throw ValueError(chunk_what(p, key) + ": the shard index puts inner chunk " + std::to_string(pos) + " at [" +
+                     std::to_string(offset) + ", +" + std::to_string(length) + "), outside the shard's data");
+  }
+  return value->slice(static_cast<int64_t>(offset), static_cast<int64_t>(length),
+                      chunk_what(p, key) + " inner chunk " + std::to_string(pos));
 }
 
 // Copies (casting when the dtypes differ) the part of `chunk` each destination needs.
@@ -481,7 +508,7 @@ struct Counters {
 // An uncompressed chunk of the target dtype: each destination's runs are read straight into its
 // buffer, consecutive file runs in one preadv of at most kSlabBytes, so that the replica copies
 // and the checksum that follow each read find the bytes in cache.
-void read_ranges(const LeafRead& p, const detail::File& f, const Box& chunk, const ReadTask& task,
+void read_ranges(const LeafRead& p, const detail::StoredValue& f, const Box& chunk, const ReadTask& task,
                  const std::string& key, bool verify, Counters& counters) {
   const int64_t item = static_cast<int64_t>(item_size(p.zarr.dtype()));
   const int64_t piece = std::max<int64_t>(1, kSlabBytes / item);
@@ -536,7 +563,7 @@ bool small_runs(const LeafRead& p, const Box& chunk, const ReadTask& task) {
 
 // An uncompressed chunk read whole, in slabs along its first dimension of about kSlabBytes,
 // each scattered (and cast, if the dtypes differ) into the destinations.
-void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, const ReadTask& task,
+void read_slabs(const LeafRead& p, const detail::StoredValue& f, const Box& chunk, const ReadTask& task,
                 const std::string& key, StagingBudget& staging, WorkerBuffers& buffers, bool verify,
                 Counters& counters) {
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
@@ -554,7 +581,7 @@ void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, cons
   for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
     const int64_t r1 = std::min(rows, r0 + slab_rows);
     std::span<std::byte> slab(buf.data(), static_cast<size_t>((r1 - r0) * row_bytes));
-    f.read_exact(r0 * row_bytes, slab);
+    f.read(r0 * row_bytes, slab);
     counters.bytes += static_cast<int64_t>(slab.size());
     if (verify) crc = detail::crc32c(slab, crc);
     Box slab_box = chunk;
@@ -570,22 +597,32 @@ void read_slabs(const LeafRead& p, const detail::File& f, const Box& chunk, cons
   if (verify) check_crc(p, key, crc);
 }
 
+// zarr3's crc32c codec: the chunk's bytes end in their CRC-32C, checked and cut off.
+std::span<const std::byte> strip_chunk_crc(const LeafRead& p, const std::string& key, std::span<const std::byte> stored) {
+  if (!p.zarr.chunk_checksum()) return stored;
+  if (stored.size() < 4) throw ValueError(chunk_what(p, key) + ": too short for its CRC-32C");
+  uint32_t crc = 0;
+  std::memcpy(&crc, stored.data() + stored.size() - 4, 4);
+  const auto body = stored.first(stored.size() - 4);
+  if (detail::crc32c(body) != crc) throw ValueError(chunk_what(p, key) + ": CRC-32C mismatch (the chunk is corrupt)");
+  return body;
+}
+
 void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, WorkerBuffers& buffers, bool verify,
               Counters& counters) {
   const Box chunk = p.zarr.chunk_box(task.index);
   const std::string key = p.zarr.chunk_key(task.index);
-  const fs::path file = chunk_file(p, key);
-  std::error_code ec;
-  const auto status = fs::symlink_status(file, ec);
-  if (!fs::exists(status)) {
+  const std::optional<detail::StoredValue> value = locate_chunk(p, task.index, key);
+  if (!value) {
     if (!p.allow_missing) throw ValueError(chunk_what(p, key) + " is missing");
     fill_missing(p, chunk, task);
     return;
   }
-  detail::File f = detail::File::open_read(file);
+  const detail::StoredValue& f = *value;
   const int64_t size = f.size();
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
-  const bool raw = p.zarr.compression().kind == Compression::Kind::kNone;
+  // A chunk that carries its own CRC-32C is read whole, like a compressed one.
+  const bool raw = p.zarr.compression().kind == Compression::Kind::kNone && !p.zarr.chunk_checksum();
   if (raw && size != chunk_bytes) {
     throw ValueError(chunk_what(p, key) + ": " + std::to_string(size) + " bytes, an uncompressed chunk of " +
                      p.zarr.chunks().to_string() + " " + std::string(name(p.zarr.dtype())) + " has " +
@@ -617,17 +654,18 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, W
   std::unique_ptr<std::byte[]> temporary_stored, temporary_decoded;
   const size_t keep = reused ? buffers.keep : 0;
   const std::span<std::byte> stored = buffers.stored.get(static_cast<size_t>(size), keep, temporary_stored);
-  f.read_exact(0, stored);
+  f.read(0, stored);
   counters.bytes += size;
   if (verify) check_crc(p, key, detail::crc32c(stored));
+  const std::span<const std::byte> encoded = strip_chunk_crc(p, key, stored);
   if (whole) {
     const std::span<std::byte> out(whole->data, static_cast<size_t>(chunk_bytes));
-    decompress(p.zarr.compression(), stored, out, chunk_what(p, key));
+    decompress(p.zarr.compression(), encoded, out, chunk_what(p, key));
     copy_to_replicas(*whole, 0, out.size());
     return;
   }
   const std::span<std::byte> decoded = buffers.decoded.get(static_cast<size_t>(chunk_bytes), keep, temporary_decoded);
-  decompress(p.zarr.compression(), stored, decoded, chunk_what(p, key));
+  decompress(p.zarr.compression(), encoded, decoded, chunk_what(p, key));
   scatter(p, chunk, decoded.data(), task);
 }
 
@@ -639,21 +677,36 @@ std::string join_list(const std::vector<std::string>& items) {
   return s;
 }
 
-ZarrArray open_zarr(const fs::path& item_dir, const ParamMetadata& p, fs::path* dir_out) {
-  const fs::path dir = detail::child_path(item_dir, p.name, "parameter name");
-  detail::reject_symlink(dir);
-  if (p.skip_deserialize || (!fs::exists(dir / ".zarray") && fs::exists(item_dir / "checkpoint"))) {
-    throw ValueError("'" + p.path + "' is not stored as a zarr array in '" + item_dir.string() +
-                     "' (an Orbax aggregate msgpack value, which tessel does not read); restore the other "
-                     "leaves with partial");
+std::string key_prefix(const ParamMetadata& p) { return p.name.empty() ? std::string() : p.name + "/"; }
+
+// The parameter's zarr metadata: `.zarray` or `zarr.json` (the one _METADATA announces first).
+ZarrArray open_zarr(const detail::KvStore& store, const fs::path& item_dir, const ItemMetadata& item,
+                    const ParamMetadata& p) {
+  if (!store.is_ocdbt()) detail::reject_symlink(detail::child_path(item_dir, p.name, "parameter name"));
+  const std::string prefix = key_prefix(p);
+  std::string key;
+  std::optional<std::string> text;
+  if (!p.skip_deserialize) {
+    for (const char* name : item.use_zarr3 ? std::array{"zarr.json", ".zarray"} : std::array{".zarray", "zarr.json"}) {
+      key = prefix + name;
+      text = store.get_small(key, int64_t{1} << 20);
+      if (text) break;
+    }
   }
-  const fs::path zarray = dir / ".zarray";
-  ZarrArray z = ZarrArray::parse(detail::read_file(zarray, int64_t{1} << 20), zarray.string());
+  if (!text) {
+    if (p.skip_deserialize || fs::exists(item_dir / "checkpoint")) {
+      throw ValueError("'" + p.path + "' is not stored as a zarr array in '" + item_dir.string() +
+                       "' (an Orbax aggregate msgpack value, which tessel does not read); restore the other "
+                       "leaves with partial");
+    }
+    throw ValueError("'" + p.path + "' has no array data: neither " + store.describe(prefix + ".zarray") + " nor " +
+                     store.describe(prefix + "zarr.json") + " exists");
+  }
+  ZarrArray z = ZarrArray::parse(*text, store.describe(key));
   if (p.write_shape && p.write_shape->rank() != z.shape().rank()) {
-    throw ValueError("'" + p.path + "': _METADATA gives write_shape " + p.write_shape->to_string() + " but .zarray has shape " +
-                     z.shape().to_string());
+    throw ValueError("'" + p.path + "': _METADATA gives write_shape " + p.write_shape->to_string() + " but " + key +
+                     " has shape " + z.shape().to_string());
   }
-  if (dir_out) *dir_out = dir;
   return z;
 }
 
@@ -689,6 +742,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
                    const RestoreOptions& options, RestoreStats* stats) {
   const auto t0 = std::chrono::steady_clock::now();
   const ItemMetadata item = read_item_metadata(item_dir);
+  const detail::KvStore store = detail::KvStore::open(item_dir);
 
   // Structure first: nothing is read or allocated until the trees agree.
   std::vector<std::pair<std::string, const ParamMetadata*>> leaves;
@@ -732,8 +786,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
 
   std::vector<LeafRead> plans;
   for (const auto& [path, meta] : leaves) {
-    fs::path dir;
-    ZarrArray z = open_zarr(item_dir, *meta, &dir);
+    ZarrArray z = open_zarr(store, item_dir, item, *meta);
     const Variable* want = target ? &target->at(path) : nullptr;
     if (want && want->shape() != z.shape()) {
       throw ValueError("'" + path + "': the checkpoint holds " + type_string(z.dtype(), z.shape()) + ", the target wants " +
@@ -743,7 +796,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     rt.check_mesh(sharding.mesh());
     const DType dtype = want ? want->dtype() : z.dtype();
     const bool allow_missing = !item.store_array_data_equal_to_fill_value && z.fill_value().has_value();
-    LeafRead plan{path, meta, dir, z, dtype, allow_missing, nullptr, {}, want ? want->kind() : meta->kind,
+    LeafRead plan{path, meta, &store, key_prefix(*meta), z, dtype, allow_missing, nullptr, {}, want ? want->kind() : meta->kind,
                    want && !want->partitioning().empty() ? want->partitioning() : meta->partitioning};
     plan.builder = std::make_unique<detail::ArrayBuilder>(rt, z.shape(), dtype, sharding, path);
     plans.push_back(std::move(plan));
@@ -830,10 +883,11 @@ State restore(const Runtime& rt, const fs::path& item_dir, const RestoreOptions&
 
 State saved_abstract_state(const fs::path& item_dir) {
   const ItemMetadata item = read_item_metadata(item_dir);
+  const detail::KvStore store = detail::KvStore::open(item_dir);
   State out;
   for (const auto& p : item.params) {
     if (p.skip_deserialize) continue;
-    ZarrArray z = open_zarr(item_dir, p, nullptr);
+    ZarrArray z = open_zarr(store, item_dir, item, p);
     std::optional<NamedSharding> s;
     if (p.sharding) s = NamedSharding(p.sharding->mesh, p.sharding->spec);
     out.insert(p.path, Variable::abstract(p.kind, z.shape(), z.dtype(), s, p.partitioning));
@@ -843,16 +897,16 @@ State saved_abstract_state(const fs::path& item_dir) {
 
 std::vector<SavedArrayInfo> describe_item(const fs::path& item_dir) {
   const ItemMetadata item = read_item_metadata(item_dir);
+  const detail::KvStore store = detail::KvStore::open(item_dir);
   std::vector<SavedArrayInfo> out;
   for (const auto& p : item.params) {
     if (p.skip_deserialize) continue;
-    fs::path dir;
-    ZarrArray z = open_zarr(item_dir, p, &dir);
+    ZarrArray z = open_zarr(store, item_dir, item, p);
     SavedArrayInfo info{p, z.shape(), z.dtype(), z.chunks(), z.compression(), z.num_chunks(), 0};
-    for (const auto& index : z.chunks_in(Box::full(z.shape()))) {
-      std::error_code ec;
-      const auto size = fs::file_size(dir / z.chunk_key(index), ec);
-      if (!ec) info.stored_bytes += static_cast<int64_t>(size);
+    std::set<std::string> keys;  // a zarr3 shard holds several chunks
+    for (const auto& index : z.chunks_in(Box::full(z.shape()))) keys.insert(z.chunk_key(index));
+    for (const auto& key : keys) {
+      if (const auto v = store.get(key_prefix(p) + key)) info.stored_bytes += v->size();
     }
     out.push_back(std::move(info));
   }
@@ -862,38 +916,37 @@ std::vector<SavedArrayInfo> describe_item(const fs::path& item_dir) {
 VerifyReport verify(const fs::path& item_dir) {
   VerifyReport report;
   const ItemMetadata item = read_item_metadata(item_dir);
+  const detail::KvStore store = detail::KvStore::open(item_dir);
   for (const auto& p : item.params) {
     if (p.skip_deserialize) continue;
     report.arrays += 1;
-    fs::path dir;
     std::optional<ZarrArray> z;
     try {
-      z = open_zarr(item_dir, p, &dir);
+      z = open_zarr(store, item_dir, item, p);
     } catch (const Error& e) {
       report.faults.push_back(e.what());
       continue;
     }
-    LeafRead plan{p.path, &p, dir, *z, z->dtype(), false, nullptr, {}, p.kind, p.partitioning};
+    LeafRead plan{p.path, &p, &store, key_prefix(p), *z, z->dtype(), false, nullptr, {}, p.kind, p.partitioning};
     for (const auto& index : z->chunks_in(Box::full(z->shape()))) {
       const std::string key = z->chunk_key(index);
       report.chunks += 1;
       try {
-        const fs::path file = chunk_file(plan, key);
-        if (!fs::exists(fs::symlink_status(file))) {
+        const std::optional<detail::StoredValue> value = locate_chunk(plan, index, key);
+        if (!value) {
           if (item.store_array_data_equal_to_fill_value || !z->fill_value()) {
             report.faults.push_back(chunk_what(plan, key) + " is missing");
           }
           continue;
         }
-        detail::File f = detail::File::open_read(file);
-        const int64_t size = f.size();
+        const int64_t size = value->size();
         if (size > max_stored_bytes(z->chunk_bytes())) {
           report.faults.push_back(chunk_what(plan, key) + ": " + std::to_string(size) + " bytes, too many for a chunk of " +
                                   std::to_string(z->chunk_bytes()));
           continue;
         }
         std::vector<std::byte> stored(static_cast<size_t>(size));
-        f.read_exact(0, stored);
+        value->read(0, stored);
         report.bytes += size;
         auto it = p.crc32c.find(key);
         if (it != p.crc32c.end()) {
@@ -903,8 +956,9 @@ VerifyReport verify(const fs::path& item_dir) {
             continue;
           }
         }
+        if (z->chunk_checksum()) report.checksums += 1;
         std::vector<std::byte> decoded(static_cast<size_t>(z->chunk_bytes()));
-        decompress(z->compression(), stored, decoded, chunk_what(plan, key));
+        decompress(z->compression(), strip_chunk_crc(plan, key, stored), decoded, chunk_what(plan, key));
       } catch (const Error& e) {
         report.faults.push_back(e.what());
       }

@@ -46,16 +46,31 @@ std::vector<int64_t> list_steps(const fs::path& root) {
   return steps;
 }
 
+namespace {
+
+// The PyTree item of a step: tessel's and Orbax's single item 'default', or 'state', the item
+// Orbax's composite checkpoints (and its v1 API) keep the PyTree in.
+std::optional<fs::path> item_in(const fs::path& dir) {
+  for (const char* name : {kDefaultItem, "state"}) {
+    if (fs::is_directory(dir / name)) return dir / name;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step) {
   if (!fs::is_directory(path)) throw IoError("'" + path.string() + "' is not a directory");
   const bool is_item = fs::exists(path / "_METADATA") || fs::exists(path / "manifest.ocdbt");
-  if (is_item || fs::is_directory(path / kDefaultItem)) {
+  const std::optional<fs::path> item = is_item ? std::optional<fs::path>(path) : item_in(path);
+  if (item) {
     if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint");
-    return is_item ? path : path / kDefaultItem;
+    return *item;
   }
   const std::vector<int64_t> steps = list_steps(path);
   if (steps.empty()) {
-    throw ValueError("'" + path.string() + "' holds no checkpoint: no _METADATA, no 'default' item and no step directories");
+    throw ValueError("'" + path.string() + "' holds no checkpoint: no _METADATA, no 'default' or 'state' item and no "
+                     "step directories");
   }
   const int64_t chosen = step ? *step : steps.back();
   if (!std::binary_search(steps.begin(), steps.end(), chosen)) {
@@ -63,10 +78,9 @@ fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step) {
                      std::to_string(steps.size()) + " steps, latest " + std::to_string(steps.back()) + ")");
   }
   const fs::path dir = path / std::to_string(chosen);
-  if (!fs::is_directory(dir / kDefaultItem)) {
-    throw ValueError("step " + std::to_string(chosen) + " in '" + path.string() + "' has no 'default' item");
-  }
-  return dir / kDefaultItem;
+  const std::optional<fs::path> found = item_in(dir);
+  if (!found) throw ValueError("step " + std::to_string(chosen) + " in '" + path.string() + "' has no 'default' or 'state' item");
+  return *found;
 }
 
 CheckpointManager::CheckpointManager(fs::path root, CheckpointManagerOptions options)

@@ -4,6 +4,7 @@
 
 #include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
+#include "tessel/checkpoint/ocdbt.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/sharding/detail/spec_json.h"
@@ -305,21 +306,75 @@ ItemMetadata parse_item_metadata(std::string_view metadata_json, std::string_vie
   return item;
 }
 
+// A _METADATA text for an item that lost its own: one jax.Array leaf per stored array (a key
+// `<name>/.zarray` or `<name>/zarr.json`), or "" when there is none.
+std::string tree_from_array_names(const fs::path& item_dir, bool ocdbt) {
+  std::map<std::string, bool> names;  // name -> zarr3
+  auto consider = [&](std::string_view key) {
+    for (const auto& [suffix, v3] : {std::pair<std::string_view, bool>{"/.zarray", false}, {"/zarr.json", true}}) {
+      if (key.size() > suffix.size() && key.ends_with(suffix)) {
+        names.emplace(std::string(key.substr(0, key.size() - suffix.size())), v3);
+      }
+    }
+  };
+  if (ocdbt) {
+    const OcdbtDatabase db = OcdbtDatabase::open(item_dir);
+    for (const auto& e : db.entries()) consider(e.key);
+  } else {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(item_dir, ec)) {
+      if (!e.is_directory() || e.is_symlink()) continue;
+      const std::string name = e.path().filename().string();
+      for (const char* f : {".zarray", "zarr.json"}) {
+        if (fs::exists(e.path() / f)) consider(name + "/" + f);
+      }
+    }
+  }
+  if (names.empty()) return "";
+  Json tree = Json::object();
+  bool zarr3 = false;
+  for (const auto& [name, v3] : names) {
+    Json keys = Json::array();
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (;;) {
+      const size_t dot = name.find('.', start);
+      parts.push_back(name.substr(start, dot == std::string::npos ? dot : dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    for (const auto& k : parts) keys.push_back({{"key", k}, {"key_type", 2}});
+    tree[python_tuple(parts)] = {{"key_metadata", keys}, {"value_metadata", {{"value_type", "jax.Array"}, {"skip_deserialize", false}}}};
+    zarr3 = zarr3 || v3;
+  }
+  return Json{{"tree_metadata", tree}, {"use_ocdbt", ocdbt}, {"use_zarr3", zarr3}}.dump();
+}
+
 ItemMetadata read_item_metadata(const fs::path& item_dir) {
-  if (fs::exists(item_dir / "manifest.ocdbt")) {
-    throw ValueError("'" + item_dir.string() + "' is an OCDBT checkpoint (it has manifest.ocdbt); tessel reads the "
-                     "non-OCDBT layout (use_ocdbt=false) so far");
-  }
   const fs::path meta = item_dir / "_METADATA";
-  if (!fs::exists(meta)) {
-    throw IoError("'" + item_dir.string() + "' has no _METADATA: it is not an Orbax PyTree checkpoint item");
-  }
-  const std::string text = detail::read_file(meta, kMaxMetadataBytes);
+  const bool ocdbt = fs::exists(fs::symlink_status(item_dir / "manifest.ocdbt"));
   std::string sharding;
   if (fs::exists(item_dir / "_sharding")) sharding = detail::read_file(item_dir / "_sharding", kMaxMetadataBytes);
+  if (!fs::exists(meta)) {
+    // Orbax can restore such an item when it is told the tree; tessel rebuilds the tree from the
+    // arrays' names (each '.' a level, as Orbax joins them).
+    std::string text = tree_from_array_names(item_dir, ocdbt);
+    if (text.empty()) {
+      throw IoError("'" + item_dir.string() + "' has no _METADATA: it is not an Orbax PyTree checkpoint item");
+    }
+    ItemMetadata item = parse_item_metadata(text, sharding, (item_dir / "(array names)").string());
+    item.use_ocdbt = ocdbt;
+    return item;
+  }
+  const std::string text = detail::read_file(meta, kMaxMetadataBytes);
   ItemMetadata item = parse_item_metadata(text, sharding, meta.string());
-  if (item.use_ocdbt) throw ValueError(meta.string() + ": use_ocdbt is true but there is no manifest.ocdbt");
-  if (item.use_zarr3) throw ValueError(meta.string() + ": zarr3 arrays (use_zarr3) are not supported yet");
+  // Orbax decides by the manifest, as tessel does; a _METADATA that promises one is the one
+  // critical file gone missing.
+  if (item.use_ocdbt && !ocdbt) {
+    throw ValueError(meta.string() + ": use_ocdbt is true but there is no manifest.ocdbt in '" + item_dir.string() +
+                     "' (the OCDBT database is missing)");
+  }
+  item.use_ocdbt = ocdbt;
   return item;
 }
 

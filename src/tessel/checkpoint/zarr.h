@@ -1,6 +1,9 @@
-// zarr v2 array metadata (`.zarray`) and its chunk grid: what one saved parameter looks like on
-// disk. Chunks tile the array from the origin; every chunk file holds a full chunk (edge chunks
-// included), C order, little endian, possibly compressed.
+// zarr array metadata and its chunk grid: what one saved parameter looks like on disk, as zarr v2
+// (`.zarray`) or zarr v3 (`zarr.json`, also with the `sharding_indexed` codec Orbax uses). Chunks
+// tile the array from the origin; every chunk holds a full chunk (edge chunks included), C order,
+// little endian, possibly compressed. With sharding, chunks() are the inner chunks (the unit that
+// is read and decoded) and each stored value, a shard, holds shard_shape() / chunks() of them
+// followed (or preceded) by an index of (offset, length) pairs and its CRC-32C.
 //
 //   auto z = tessel::ZarrArray::parse(text, "params.w/.zarray");
 //   z.grid() == std::vector<int64_t>{4, 1};             // chunks per dimension
@@ -28,12 +31,18 @@ class ZarrArray {
   // bytes fit in int64.
   ZarrArray(Shape shape, Shape chunks, DType dtype, Compression compression);
 
-  // Reads a `.zarray`. Throws ParseError (bad JSON) or ValueError naming `source` and the field:
-  // another zarr_format, Fortran order, filters, big-endian or unknown dtypes, unknown
-  // compressors, mismatched ranks, absurd sizes.
+  // Reads a `.zarray` or a `zarr.json`. Throws ParseError (bad JSON) or ValueError naming
+  // `source` and the field: another zarr_format, Fortran order, filters, big-endian or unknown
+  // dtypes, unknown compressors or codecs, mismatched ranks, absurd sizes.
   static ZarrArray parse(std::string_view text, std::string_view source);
-  // What TensorStore writes: compact JSON, keys sorted, fill_value and filters null.
+  // zarr v3 with one `sharding_indexed` codec (inner chunks `chunks`, shards `shard_shape`), as
+  // Orbax writes it: inner codecs bytes + zstd (or none), index bytes + crc32c at the end.
+  static ZarrArray sharded_v3(Shape shape, Shape shard_shape, Shape chunks, DType dtype, Compression compression);
+  // What TensorStore writes: compact JSON, keys sorted (v2: fill_value and filters null; v3:
+  // fill_value 0).
   std::string to_json() const;
+  // The metadata's key beside the chunks: ".zarray" or "zarr.json".
+  const char* metadata_key() const { return format_ == 2 ? ".zarray" : "zarr.json"; }
 
   const Shape& shape() const { return shape_; }
   const Shape& chunks() const { return chunks_; }
@@ -43,20 +52,41 @@ class ZarrArray {
   // The fill value for chunks that are absent (zarr's fill_value); none when it was null.
   const std::optional<double>& fill_value() const { return fill_value_; }
 
+  int zarr_format() const { return format_; }
+  bool sharded() const { return sharded_; }
+  const Shape& shard_shape() const { return shard_shape_; }
+  int64_t chunks_per_shard() const;
+  // Where chunk `index` sits in its shard (C order of the shard's inner grid).
+  int64_t position_in_shard(std::span<const int64_t> index) const;
+  bool index_at_end() const { return index_at_end_; }
+  bool index_checksum() const { return index_crc_; }
+  int64_t shard_index_bytes() const { return chunks_per_shard() * 16 + (index_crc_ ? 4 : 0); }
+  // The chunk bytes end in their own CRC-32C (zarr v3's crc32c codec).
+  bool chunk_checksum() const { return chunk_crc_; }
+
   int64_t chunk_bytes() const { return chunk_bytes_; }
   std::vector<int64_t> grid() const;  // ceil(shape / chunks) per dimension
   int64_t num_chunks() const;
   Box chunk_box(std::span<const int64_t> index) const;  // full chunk, may pass the array's end
+  // The key of the stored value holding chunk `index` (its shard, when sharded).
   std::string chunk_key(std::span<const int64_t> index) const;
   // Grid indices of the chunks that intersect `region` (row-major order).
   std::vector<std::vector<int64_t>> chunks_in(const Box& region) const;
 
  private:
+  friend struct ZarrV3Parser;
   Shape shape_;
   Shape chunks_;
   DType dtype_;
   Compression compression_;
   char separator_ = '.';
+  int format_ = 2;
+  bool v3_default_keys_ = true;  // "c/i/j" (else v2 style "i.j")
+  bool sharded_ = false;
+  Shape shard_shape_;  // sharded: the chunk grid's shape
+  bool index_at_end_ = true;
+  bool index_crc_ = true;
+  bool chunk_crc_ = false;
   std::optional<double> fill_value_;
   int64_t chunk_bytes_ = 0;
 };

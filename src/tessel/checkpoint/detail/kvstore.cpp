@@ -1,0 +1,118 @@
+#include "tessel/checkpoint/detail/kvstore.h"
+
+#include <cstring>
+#include <vector>
+
+#include "tessel/core/error.h"
+
+namespace tessel::detail {
+namespace fs = std::filesystem;
+
+StoredValue::StoredValue(std::shared_ptr<const File> file, int64_t offset, int64_t size, std::string where)
+    : file_(std::move(file)), offset_(offset), size_(size), where_(std::move(where)) {}
+
+StoredValue::StoredValue(std::shared_ptr<const std::string> bytes, std::string where)
+    : bytes_(std::move(bytes)), size_(static_cast<int64_t>(bytes_->size())), where_(std::move(where)) {}
+
+void StoredValue::read(int64_t offset, std::span<std::byte> out) const {
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (offset < 0 || offset > size_ || n > size_ - offset) {
+    throw IoError(where_ + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                  ") asked of a value of " + std::to_string(size_));
+  }
+  if (bytes_) {
+    if (n > 0) std::memcpy(out.data(), bytes_->data() + offset_ + offset, out.size());
+    return;
+  }
+  file_->read_exact(offset_ + offset, out);
+}
+
+void StoredValue::read_scatter(int64_t offset, std::span<const iovec> buffers) const {
+  if (!bytes_) {
+    int64_t n = 0;
+    for (const iovec& v : buffers) n += static_cast<int64_t>(v.iov_len);
+    if (offset < 0 || offset > size_ || n > size_ - offset) {
+      throw IoError(where_ + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                    ") asked of a value of " + std::to_string(size_));
+    }
+    file_->read_scatter(offset_ + offset, buffers);
+    return;
+  }
+  for (const iovec& v : buffers) {
+    read(offset, {static_cast<std::byte*>(v.iov_base), v.iov_len});
+    offset += static_cast<int64_t>(v.iov_len);
+  }
+}
+
+StoredValue StoredValue::slice(int64_t offset, int64_t size, std::string where) const {
+  if (offset < 0 || size < 0 || offset > size_ || size > size_ - offset) {
+    throw ValueError(where + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + size) +
+                     ") lie outside " + where_ + " (" + std::to_string(size_) + " bytes)");
+  }
+  StoredValue v = *this;
+  v.offset_ += offset;
+  v.size_ = size;
+  v.where_ = std::move(where);
+  return v;
+}
+
+KvStore KvStore::open(const fs::path& item_dir) {
+  KvStore s;
+  s.dir_ = item_dir;
+  if (fs::exists(fs::symlink_status(item_dir / "manifest.ocdbt"))) {
+    s.db_ = std::make_shared<const OcdbtDatabase>(OcdbtDatabase::open(item_dir));
+  }
+  return s;
+}
+
+std::string KvStore::describe(std::string_view key) const {
+  if (db_) return "key '" + std::string(key) + "' of the OCDBT database in " + dir_.string();
+  return (dir_ / std::string(key)).string();
+}
+
+std::optional<StoredValue> KvStore::get(std::string_view key) const {
+  if (db_) {
+    const OcdbtEntry* e = db_->find(key);
+    if (!e) return std::nullopt;
+    if (e->is_inline) {
+      return StoredValue(std::shared_ptr<const std::string>(db_, &e->value), describe(key));
+    }
+    if (e->length == 0) return StoredValue(std::make_shared<const std::string>(), describe(key));
+    auto file = std::make_shared<const File>(File::open_read(db_->data_file(*e)));
+    if (e->offset > static_cast<uint64_t>(file->size()) || e->length > static_cast<uint64_t>(file->size()) - e->offset) {
+      throw ValueError(describe(key) + ": its bytes [" + std::to_string(e->offset) + ", " +
+                       std::to_string(e->offset + e->length) + ") lie past the end of " + file->path().string() + " (" +
+                       std::to_string(file->size()) + " bytes)");
+    }
+    return StoredValue(std::move(file), static_cast<int64_t>(e->offset), static_cast<int64_t>(e->length),
+                       describe(key) + " (" + db_->data_file(*e).string() + ")");
+  }
+  fs::path f = dir_;
+  size_t start = 0;
+  for (;;) {  // '/' separated keys are nested directories
+    const size_t sep = key.find('/', start);
+    f = child_path(f, key.substr(start, sep == std::string_view::npos ? sep : sep - start), "key '" + std::string(key) + "'");
+    if (sep == std::string_view::npos) break;
+    reject_symlink(f);
+    start = sep + 1;
+  }
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(f, ec))) return std::nullopt;
+  auto file = std::make_shared<const File>(File::open_read(f));
+  const int64_t size = file->size();
+  return StoredValue(std::move(file), 0, size, f.string());
+}
+
+std::optional<std::string> KvStore::get_small(std::string_view key, int64_t max_bytes) const {
+  const auto v = get(key);
+  if (!v) return std::nullopt;
+  if (v->size() > max_bytes) {
+    throw ValueError(v->where() + ": " + std::to_string(v->size()) + " bytes, more than the " + std::to_string(max_bytes) +
+                     " a metadata value may have");
+  }
+  std::string out(static_cast<size_t>(v->size()), '\0');
+  v->read(0, {reinterpret_cast<std::byte*>(out.data()), out.size()});
+  return out;
+}
+
+}  // namespace tessel::detail

@@ -1,0 +1,63 @@
+// Internal (not installed): where a checkpoint item's keys (`<param>/.zarray`, `<param>/0.1`,
+// `<param>/zarr.json`, `<param>/c/0/1`) live: files below the item directory, or the values of an
+// OCDBT database in it. Both hand out a StoredValue that reads byte ranges, so restore reads only
+// the bytes each device needs either way.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/ocdbt.h"
+
+namespace tessel::detail {
+
+// The bytes of one stored value: a range of a file, or bytes held in memory (an inline value).
+class StoredValue {
+ public:
+  StoredValue(std::shared_ptr<const File> file, int64_t offset, int64_t size, std::string where);
+  StoredValue(std::shared_ptr<const std::string> bytes, std::string where);
+
+  int64_t size() const { return size_; }
+  const std::string& where() const { return where_; }
+  // Exactly out.size() bytes at `offset` within the value; past its end is an IoError.
+  void read(int64_t offset, std::span<std::byte> out) const;
+  void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
+  // The part [offset, offset + size), checked to lie within.
+  StoredValue slice(int64_t offset, int64_t size, std::string where) const;
+
+ private:
+  std::shared_ptr<const File> file_;
+  std::shared_ptr<const std::string> bytes_;
+  int64_t offset_ = 0;
+  int64_t size_ = 0;
+  std::string where_;
+};
+
+class KvStore {
+ public:
+  // `item_dir` as OCDBT when it has a manifest.ocdbt, else as plain files.
+  static KvStore open(const std::filesystem::path& item_dir);
+
+  bool is_ocdbt() const { return db_ != nullptr; }
+  const OcdbtDatabase* ocdbt() const { return db_.get(); }
+  // nullopt when the key is absent. Keys are '/'-separated; each component is checked.
+  std::optional<StoredValue> get(std::string_view key) const;
+  // A small value whole (metadata), refused above `max_bytes`; nullopt when absent.
+  std::optional<std::string> get_small(std::string_view key, int64_t max_bytes) const;
+  // For messages: the file, or the key within the database.
+  std::string describe(std::string_view key) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::shared_ptr<const OcdbtDatabase> db_;
+};
+
+}  // namespace tessel::detail
