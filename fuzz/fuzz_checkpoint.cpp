@@ -1,6 +1,7 @@
 // libFuzzer target for what a checkpoint directory feeds tessel: `_METADATA` (with `_sharding`),
-// `.zarray`, saved sharding strings, chunk bytes through the none/zstd/blosc decoders, and the
-// data position `tessel train` saves beside the state.
+// `.zarray` and `zarr.json`, saved sharding strings, chunk bytes through the none/zstd/blosc
+// decoders, the data position `tessel train` saves beside the state, OCDBT manifests and B+tree
+// nodes, and zarr3 shard indexes.
 // The first byte picks the parser; tessel::Error is the expected outcome of bad input.
 #include <cstddef>
 #include <cstdint>
@@ -10,13 +11,14 @@
 
 #include "tessel/checkpoint/codec.h"
 #include "tessel/checkpoint/metadata.h"
+#include "tessel/checkpoint/ocdbt.h"
 #include "tessel/checkpoint/zarr.h"
 #include "tessel/core/error.h"
 #include "tessel/nn/dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t mode = data[0] % 7;
+  const uint8_t mode = data[0] % 10;
   std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     switch (mode) {
@@ -53,6 +55,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 6:
         (void)tessel::nn::DataPosition::from_json(std::string(text), nullptr);
         break;
+      case 7: {
+        const auto m = tessel::decode_ocdbt_manifest({reinterpret_cast<const std::byte*>(text.data()), text.size()}, "manifest");
+        (void)m.versions.size();
+        break;
+      }
+      case 8: {
+        const auto n = tessel::decode_ocdbt_node({reinterpret_cast<const std::byte*>(text.data()), text.size()},
+                                                 "ocdbt.process_0/", 1 << 20, "node");
+        (void)n.entries.size();
+        break;
+      }
+      case 9: {  // a zarr3 shard index: the byte after the mode gives the inner grid and position
+        if (text.size() < 1) return 0;
+        const int per = 1 + static_cast<uint8_t>(text[0]) % 4;
+        const auto z = tessel::ZarrArray::sharded_v3({16, 16}, {4 * per, 4}, {4, 4}, tessel::DType::kF32,
+                                                     tessel::Compression::zstd());
+        const auto index = text.substr(1, static_cast<size_t>(z.shard_index_bytes()));
+        const int64_t shard = static_cast<int64_t>(text.size() - 1);
+        (void)z.inner_chunk_range({reinterpret_cast<const std::byte*>(index.data()), index.size()},
+                                  static_cast<uint8_t>(text[0]) / 4 % per, shard, "shard");
+        break;
+      }
     }
   } catch (const tessel::Error&) {
   }

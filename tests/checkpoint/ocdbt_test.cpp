@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "../test_util.h"
@@ -107,6 +108,83 @@ TEST(Ocdbt, MissingPiecesAreNamed) {
                    "orbax/compat_checkpoints/v0_checkpoints/direct_checkpoint/critical_metadata_alterations/"
                    "missing_pytree_data_file_manifest.ocdbt")),
                IoError);
+}
+
+// Random keys sharing prefixes (as zarr keys do), values around the inline limit.
+std::map<std::string, std::string> random_entries(std::mt19937& rng, size_t n) {
+  std::map<std::string, std::string> out;
+  const std::vector<std::string> stems = {"params.", "params.decoder.layers.", "opt_state.mu.", "a", "b.c/"};
+  while (out.size() < n) {
+    std::string key = stems[rng() % stems.size()] + std::to_string(rng() % 1000) + (rng() % 2 ? "/.zarray" : "/0.1");
+    std::string value(rng() % 3 == 0 ? 0 : rng() % 2400, '\0');
+    for (char& c : value) c = static_cast<char>(rng());
+    out[key] = value;
+  }
+  return out;
+}
+
+TEST(Ocdbt, WrittenDatabasesReadBack) {
+  std::mt19937 rng(7);
+  for (size_t fan : {2u, 3u, 16u, 4096u}) {
+    for (size_t n : {0u, 1u, 2u, 5u, 40u, 300u}) {
+      SCOPED_TRACE("fan " + std::to_string(fan) + ", " + std::to_string(n) + " keys");
+      testing::TempDir tmp;
+      const auto entries = random_entries(rng, n);
+      OcdbtWriter w(tmp.path() / "db", {.max_inline_value_bytes = 1024, .max_node_entries = fan, .zstd = n % 2 == 0,
+                                        .durable = false});
+      // Put in a shuffled order: the writer sorts.
+      std::vector<std::pair<std::string, std::string>> order(entries.begin(), entries.end());
+      std::shuffle(order.begin(), order.end(), rng);
+      for (const auto& [k, v] : order) w.put(k, v);
+      w.commit();
+      const auto db = OcdbtDatabase::open(tmp.path() / "db");
+      ASSERT_EQ(db.entries().size(), n);
+      size_t i = 0, out_of_line = 0;
+      for (const auto& [k, v] : entries) {
+        const OcdbtEntry& e = db.entries()[i++];
+        EXPECT_EQ(e.key, k);
+        EXPECT_EQ(e.is_inline, v.size() <= 1024);
+        out_of_line += !e.is_inline;
+        EXPECT_EQ(db.read_all(e), v);
+      }
+      if (n >= 40 && fan <= 16) EXPECT_GE(db.version().root_height, 1);  // interior nodes
+      if (n >= 40) EXPECT_GT(out_of_line, 0u);
+      EXPECT_EQ(db.version().empty(), n == 0);
+    }
+  }
+}
+
+TEST(Ocdbt, WriterRefusesDuplicatesAndExistingDatabases) {
+  testing::TempDir tmp;
+  OcdbtWriter w(tmp.path() / "db", {.durable = false});
+  w.put("a", "1");
+  w.put("a", "2");
+  EXPECT_THAT([&] { w.commit(); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("'a' put twice")));
+  OcdbtWriter ok(tmp.path() / "db2", {.durable = false});
+  ok.put("a", "1");
+  ok.commit();
+  EXPECT_THROW(ok.put("b", "2"), ValueError);
+  EXPECT_THROW(OcdbtWriter(tmp.path() / "db2"), IoError);
+}
+
+// A data file cut short, a node file removed, a path that would leave the directory: errors that
+// name the file, never a read outside the database.
+TEST(Ocdbt, DamagedDatabasesAreNamed) {
+  testing::TempDir tmp;
+  const fs::path dir = tmp.path() / "db";
+  {
+    OcdbtWriter w(dir, {.max_node_entries = 2, .durable = false});
+    for (int i = 0; i < 10; ++i) w.put("k" + std::to_string(i), std::string(2000, static_cast<char>('a' + i)));
+    w.commit();
+  }
+  const auto db = OcdbtDatabase::open(dir);
+  const fs::path values = db.data_file(db.entries().back());
+  fs::resize_file(values, 5000);
+  EXPECT_THAT([&] { db.read_all(db.entries().back()); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("truncated")));
+  for (const auto& e : fs::directory_iterator(dir / "d")) {
+    if (e.path() != values) fs::remove(e.path());  // the nodes' file
+  }
+  EXPECT_THROW(OcdbtDatabase::open(dir), IoError);
 }
 
 }  // namespace

@@ -442,29 +442,12 @@ std::optional<detail::StoredValue> locate_chunk(const LeafRead& p, std::span<con
     throw ValueError(chunk_what(p, key) + ": a shard of " + std::to_string(value->size()) + " bytes cannot hold its index of " +
                      std::to_string(index_bytes));
   }
-  const int64_t index_at = z.index_at_end() ? value->size() - index_bytes : 0;
-  const int64_t pos = z.position_in_shard(index);
   std::vector<std::byte> table(static_cast<size_t>(index_bytes));
-  value->read(index_at, table);
-  if (z.index_checksum()) {
-    uint32_t crc = 0;
-    std::memcpy(&crc, table.data() + index_bytes - 4, 4);
-    if (detail::crc32c(std::span<const std::byte>(table).first(static_cast<size_t>(index_bytes - 4))) != crc) {
-      throw ValueError(chunk_what(p, key) + ": the shard index fails its CRC-32C (corrupt)");
-    }
-  }
-  uint64_t offset = 0, length = 0;
-  std::memcpy(&offset, table.data() + pos * 16, 8);
-  std::memcpy(&length, table.data() + pos * 16 + 8, 8);
-  if (offset == UINT64_MAX && length == UINT64_MAX) return std::nullopt;
-  const int64_t data_begin = z.index_at_end() ? 0 : index_bytes;
-  const int64_t data_end = z.index_at_end() ? index_at : value->size();
-  if (offset < static_cast<uint64_t>(data_begin) || offset > static_cast<uint64_t>(data_end) ||
-      length > static_cast<uint64_t>(data_end) - offset) {
-    throw ValueError(chunk_what(p, key) + ": the shard index puts inner chunk " + std::to_string(pos) + " at [" +
-                     std::to_string(offset) + ", +" + std::to_string(length) + "), outside the shard's data");
-  }
-  return value->slice(static_cast<int64_t>(offset), static_cast<int64_t>(length),
+  value->read(z.index_at_end() ? value->size() - index_bytes : 0, table);
+  const int64_t pos = z.position_in_shard(index);
+  const auto range = z.inner_chunk_range(table, pos, value->size(), chunk_what(p, key));
+  if (!range) return std::nullopt;
+  return value->slice(range->offset, range->length,
                       chunk_what(p, key) + " inner chunk " + std::to_string(pos));
 }
 

@@ -3,6 +3,8 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <random>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -538,6 +540,313 @@ std::string OcdbtDatabase::read_all(const OcdbtEntry& entry) const {
   const auto bytes = read_range(dir_, entry.file, entry.offset, entry.length, INT64_MAX,
                                 "OCDBT value '" + entry.key + "'");
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+}  // namespace tessel
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+namespace tessel {
+namespace {
+
+class Writer {
+ public:
+  void byte(uint8_t b) { out_.push_back(static_cast<std::byte>(b)); }
+  void varint(uint64_t v) {
+    while (v >= 0x80) {
+      byte(static_cast<uint8_t>(v | 0x80));
+      v >>= 7;
+    }
+    byte(static_cast<uint8_t>(v));
+  }
+  void le(uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) byte(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void bytes(std::string_view s) {
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    out_.insert(out_.end(), p, p + s.size());
+  }
+  std::vector<std::byte>& out() { return out_; }
+
+ private:
+  std::vector<std::byte> out_;
+};
+
+std::vector<std::byte> seal_envelope(uint32_t magic, const std::vector<std::byte>& body, bool zstd) {
+  Writer w;
+  for (int shift = 24; shift >= 0; shift -= 8) w.byte(static_cast<uint8_t>(magic >> shift));
+  w.le(0, 8);  // length, patched below
+  w.varint(0);
+  w.varint(zstd ? 1 : 0);
+  std::vector<std::byte>& out = w.out();
+  if (zstd) {
+    std::vector<std::byte> packed(ZSTD_compressBound(body.size()));
+    const size_t n = ZSTD_compress(packed.data(), packed.size(), body.data(), body.size(), 0);
+    if (ZSTD_isError(n)) throw ValueError(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+    out.insert(out.end(), packed.begin(), packed.begin() + static_cast<ptrdiff_t>(n));
+  } else {
+    out.insert(out.end(), body.begin(), body.end());
+  }
+  const uint64_t length = out.size() + 4;
+  for (int i = 0; i < 8; ++i) out[4 + static_cast<size_t>(i)] = static_cast<std::byte>(length >> (8 * i));
+  const uint32_t crc = detail::crc32c(out);
+  w.le(crc, 4);
+  return std::move(out);
+}
+
+// One file id per table: base "" and `relative`.
+void write_table(Writer& w, const std::vector<std::string>& files) {
+  w.varint(files.size());
+  std::vector<size_t> prefix(files.size(), 0);
+  for (size_t i = 1; i < files.size(); ++i) {
+    size_t n = 0;
+    while (n < files[i].size() && n < files[i - 1].size() && files[i][n] == files[i - 1][n]) ++n;
+    prefix[i] = n;
+    w.varint(n);
+  }
+  for (size_t i = 0; i < files.size(); ++i) w.varint(files[i].size() - prefix[i]);
+  for (size_t i = 0; i < files.size(); ++i) w.varint(0);
+  for (size_t i = 0; i < files.size(); ++i) w.bytes(std::string_view(files[i]).substr(prefix[i]));
+}
+
+std::string random_file_name() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "d/%016llx%016llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+size_t common_prefix(std::string_view a, std::string_view b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+}  // namespace
+
+struct OcdbtWriter::Impl {
+  fs::path dir;
+  OcdbtWriteOptions options;
+  struct Value {
+    std::string key;
+    bool is_inline = true;
+    std::string bytes;
+    uint64_t offset = 0, length = 0;
+  };
+  std::vector<Value> values;
+  std::optional<detail::File> value_file;
+  std::string value_file_name;
+  uint64_t value_bytes = 0;
+  bool committed = false;
+
+  // A node written: what its parent records.
+  struct Ref {
+    std::string first, last;  // full keys
+    size_t prefix = 0;        // bytes of `first` the node's own keys leave out
+    uint64_t offset = 0, length = 0;
+    uint64_t num_keys = 0, tree_bytes = 0, indirect_bytes = 0;
+  };
+  std::string node_file_name;
+  std::vector<std::byte> node_data;
+
+  Ref add_node(std::vector<std::byte> body, std::string first, std::string last, size_t prefix, uint64_t keys,
+               uint64_t tree_bytes_below, uint64_t indirect) {
+    const std::vector<std::byte> blob = seal_envelope(kBtreeNodeMagic, body, options.zstd);
+    Ref r{std::move(first), std::move(last), prefix, node_data.size(), blob.size(), keys, 0, indirect};
+    r.tree_bytes = tree_bytes_below + blob.size();
+    node_data.insert(node_data.end(), blob.begin(), blob.end());
+    return r;
+  }
+
+  Ref leaf(size_t begin, size_t end, bool root) {
+    const std::string& first = values[begin].key;
+    const std::string& last = values[end - 1].key;
+    const size_t prefix = root ? 0 : common_prefix(first, last);
+    Writer w;
+    w.byte(0);
+    bool indirect = false;
+    uint64_t indirect_bytes = 0;
+    for (size_t i = begin; i < end; ++i) {
+      if (!values[i].is_inline) {
+        indirect = true;
+        indirect_bytes += values[i].length;
+      }
+    }
+    write_table(w, indirect ? std::vector<std::string>{value_file_name} : std::vector<std::string>{});
+    w.varint(end - begin);
+    for (size_t i = begin + 1; i < end; ++i) {
+      w.varint(common_prefix(std::string_view(values[i - 1].key).substr(prefix), std::string_view(values[i].key).substr(prefix)));
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const size_t shared = i == begin ? 0 : common_prefix(std::string_view(values[i - 1].key).substr(prefix),
+                                                           std::string_view(values[i].key).substr(prefix));
+      w.varint(values[i].key.size() - prefix - shared);
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const size_t shared = i == begin ? 0 : common_prefix(std::string_view(values[i - 1].key).substr(prefix),
+                                                           std::string_view(values[i].key).substr(prefix));
+      w.bytes(std::string_view(values[i].key).substr(prefix + shared));
+    }
+    for (size_t i = begin; i < end; ++i) w.varint(values[i].length);
+    for (size_t i = begin; i < end; ++i) w.byte(values[i].is_inline ? 0 : 1);
+    for (size_t i = begin; i < end; ++i) {
+      if (!values[i].is_inline) w.varint(0);
+    }
+    for (size_t i = begin; i < end; ++i) {
+      if (!values[i].is_inline) w.varint(values[i].offset);
+    }
+    for (size_t i = begin; i < end; ++i) {
+      if (values[i].is_inline) w.bytes(values[i].bytes);
+    }
+    return add_node(std::move(w.out()), first, last, prefix, end - begin, 0, indirect_bytes);
+  }
+
+  Ref interior(const std::vector<Ref>& children, size_t begin, size_t end, bool root, int height) {
+    const std::string& first = children[begin].first;
+    const std::string& last = children[end - 1].last;
+    const size_t prefix = root ? 0 : common_prefix(first, last);
+    Writer w;
+    w.byte(static_cast<uint8_t>(height));
+    write_table(w, {node_file_name});
+    w.varint(end - begin);
+    auto rel = [&](size_t i) { return std::string_view(children[i].first).substr(prefix); };
+    for (size_t i = begin + 1; i < end; ++i) w.varint(common_prefix(rel(i - 1), rel(i)));
+    for (size_t i = begin; i < end; ++i) w.varint(rel(i).size() - (i == begin ? 0 : common_prefix(rel(i - 1), rel(i))));
+    for (size_t i = begin; i < end; ++i) w.varint(children[i].prefix - prefix);
+    for (size_t i = begin; i < end; ++i) w.bytes(rel(i).substr(i == begin ? 0 : common_prefix(rel(i - 1), rel(i))));
+    uint64_t keys = 0, tree = 0, indirect = 0;
+    for (size_t i = begin; i < end; ++i) w.varint(0);
+    for (size_t i = begin; i < end; ++i) w.varint(children[i].offset);
+    for (size_t i = begin; i < end; ++i) w.varint(children[i].length);
+    for (size_t i = begin; i < end; ++i) w.varint(children[i].num_keys);
+    for (size_t i = begin; i < end; ++i) w.varint(children[i].tree_bytes);
+    for (size_t i = begin; i < end; ++i) w.varint(children[i].indirect_bytes);
+    for (size_t i = begin; i < end; ++i) {
+      keys += children[i].num_keys;
+      tree += children[i].tree_bytes;
+      indirect += children[i].indirect_bytes;
+    }
+    return add_node(std::move(w.out()), first, last, prefix, keys, tree, indirect);
+  }
+};
+
+OcdbtWriter::OcdbtWriter(fs::path dir, OcdbtWriteOptions options) : impl_(std::make_unique<Impl>()) {
+  if (options.max_node_entries < 2) throw ValueError("OCDBT nodes need room for at least 2 entries");
+  if (options.max_inline_value_bytes > kMaxInlineValue) throw ValueError("inline OCDBT values are limited to 1 MiB");
+  impl_->dir = std::move(dir);
+  impl_->options = options;
+  std::error_code ec;
+  fs::create_directories(impl_->dir / "d", ec);
+  if (ec) throw IoError("cannot create '" + (impl_->dir / "d").string() + "': " + ec.message());
+  if (fs::exists(impl_->dir / "manifest.ocdbt")) {
+    throw IoError("'" + impl_->dir.string() + "' already holds an OCDBT database");
+  }
+}
+
+OcdbtWriter::~OcdbtWriter() = default;
+
+void OcdbtWriter::put(std::string key, std::string_view value) {
+  put(std::move(key), std::span<const std::byte>(reinterpret_cast<const std::byte*>(value.data()), value.size()));
+}
+
+void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
+  Impl& m = *impl_;
+  if (m.committed) throw ValueError("the OCDBT database in '" + m.dir.string() + "' is already committed");
+  if (key.size() > 65535) throw ValueError("OCDBT key of " + std::to_string(key.size()) + " bytes (at most 65535)");
+  Impl::Value v{std::move(key), true, {}, 0, value.size()};
+  if (value.size() > m.options.max_inline_value_bytes) {
+    if (!m.value_file) {
+      m.value_file_name = random_file_name();
+      m.value_file.emplace(detail::File::create(m.dir / m.value_file_name));
+    }
+    v.is_inline = false;
+    v.offset = m.value_bytes;
+    m.value_file->write_all(value);
+    m.value_bytes += value.size();
+  } else {
+    v.bytes.assign(reinterpret_cast<const char*>(value.data()), value.size());
+  }
+  m.values.push_back(std::move(v));
+}
+
+void OcdbtWriter::commit() {
+  Impl& m = *impl_;
+  if (m.committed) throw ValueError("the OCDBT database in '" + m.dir.string() + "' is already committed");
+  std::stable_sort(m.values.begin(), m.values.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+  for (size_t i = 1; i < m.values.size(); ++i) {
+    if (m.values[i].key == m.values[i - 1].key) throw ValueError("OCDBT key '" + m.values[i].key + "' put twice");
+  }
+  if (m.value_file) {
+    if (m.options.durable) m.value_file->sync();
+    m.value_file->close();
+  }
+  m.node_file_name = random_file_name();
+  OcdbtVersion version;
+  version.generation = 1;
+  version.commit_time_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  const size_t fan = m.options.max_node_entries;
+  if (!m.values.empty()) {
+    std::vector<Impl::Ref> level;
+    const size_t n = m.values.size();
+    for (size_t b = 0; b < n; b += fan) level.push_back(m.leaf(b, std::min(n, b + fan), n <= fan));
+    int height = 0;
+    while (level.size() > 1) {
+      ++height;
+      std::vector<Impl::Ref> up;
+      for (size_t b = 0; b < level.size(); b += fan) {
+        up.push_back(m.interior(level, b, std::min(level.size(), b + fan), level.size() <= fan, height));
+      }
+      level = std::move(up);
+    }
+    const Impl::Ref& root = level.front();
+    version.root_height = height;
+    version.root_file = m.node_file_name;
+    version.root_offset = root.offset;
+    version.root_length = root.length;
+    version.num_keys = root.num_keys;
+    version.num_tree_bytes = root.tree_bytes;
+    version.num_indirect_value_bytes = root.indirect_bytes;
+    detail::File f = detail::File::create(m.dir / m.node_file_name);
+    f.write_all(m.node_data);
+    if (m.options.durable) f.sync();
+    f.close();
+  } else {
+    version.root_offset = version.root_length = kMissing;  // an empty tree
+  }
+  // The manifest: Orbax's config, one file table, one inline version, no version nodes.
+  Writer w;
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  for (int i = 0; i < 2; ++i) w.le(rng(), 8);  // uuid
+  w.byte(0);
+  w.varint(m.options.max_inline_value_bytes);
+  w.varint(100000000);
+  w.byte(4);
+  w.varint(m.options.zstd ? 1 : 0);
+  if (m.options.zstd) w.le(0, 4);
+  write_table(w, {version.root_file});  // an empty tree refers to the empty path
+  w.varint(1);
+  w.varint(version.generation);
+  w.byte(static_cast<uint8_t>(version.root_height));
+  w.varint(0);
+  w.varint(version.root_offset);
+  w.varint(version.root_length);
+  w.varint(version.num_keys);
+  w.varint(version.num_tree_bytes);
+  w.varint(version.num_indirect_value_bytes);
+  w.le(version.commit_time_ns, 8);
+  w.varint(0);
+  const std::vector<std::byte> blob = seal_envelope(kManifestMagic, w.out(), m.options.zstd);
+  if (m.options.durable) detail::sync_directory(m.dir / "d");
+  const fs::path tmp = m.dir / "manifest.ocdbt.tmp";
+  detail::write_file(tmp, std::string_view(reinterpret_cast<const char*>(blob.data()), blob.size()), m.options.durable);
+  std::error_code ec;
+  fs::rename(tmp, m.dir / "manifest.ocdbt", ec);
+  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to manifest.ocdbt: " + ec.message());
+  if (m.options.durable) detail::sync_directory(m.dir);
+  m.committed = true;
 }
 
 }  // namespace tessel

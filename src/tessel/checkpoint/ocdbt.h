@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -83,6 +84,39 @@ class OcdbtDatabase {
   OcdbtVersion version_;
   std::vector<OcdbtVersion> inline_versions_;
   std::vector<OcdbtEntry> entries_;
+};
+
+// Writes a new single-writer database (one generation) into a directory: values longer than
+// max_inline_value_bytes go to a data file as they are put, the rest stay inline; commit() builds
+// the B+tree (leaves of at most max_node_entries keys, interior nodes above), writes the nodes,
+// fsyncs, and writes `manifest.ocdbt` last, atomically. Until then no manifest exists, so a crash
+// leaves no database, not a damaged one.
+//
+//   tessel::OcdbtWriter w("ckpt/tmp/state");
+//   w.put("params.w/.zarray", zarray_json);
+//   w.put("params.w/0.0", chunk_bytes);
+//   w.commit();
+struct OcdbtWriteOptions {
+  uint64_t max_inline_value_bytes = 1024;  // Orbax's setting
+  size_t max_node_entries = 4096;
+  bool zstd = true;  // compress nodes and the manifest (zstd level 0, as TensorStore)
+  bool durable = true;
+};
+
+class OcdbtWriter {
+ public:
+  explicit OcdbtWriter(std::filesystem::path dir, OcdbtWriteOptions options = {});
+  ~OcdbtWriter();
+  OcdbtWriter(const OcdbtWriter&) = delete;
+  OcdbtWriter& operator=(const OcdbtWriter&) = delete;
+  // Throws ValueError for a key given twice or longer than 65535 bytes (at commit for the first).
+  void put(std::string key, std::span<const std::byte> value);
+  void put(std::string key, std::string_view value);
+  void commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // The decoders, over bytes that may be anything (the fuzzers' entry points). `what` names the

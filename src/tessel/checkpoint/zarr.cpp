@@ -1,8 +1,10 @@
 #include "tessel/checkpoint/zarr.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
+#include "tessel/checkpoint/detail/crc32c.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 
@@ -226,6 +228,37 @@ int64_t ZarrArray::chunks_per_shard() const {
   int64_t n = 1;
   for (size_t d = 0; d < chunks_.rank(); ++d) n *= shard_shape_[d] / chunks_[d];
   return n;
+}
+
+std::optional<ZarrArray::Range> ZarrArray::inner_chunk_range(std::span<const std::byte> index, int64_t position,
+                                                             int64_t shard_size, std::string_view what) const {
+  const int64_t index_bytes = shard_index_bytes();
+  if (static_cast<int64_t>(index.size()) != index_bytes || position < 0 || position >= chunks_per_shard()) {
+    throw ValueError(std::string(what) + ": a shard index of " + std::to_string(index.size()) + " bytes, expected " +
+                     std::to_string(index_bytes));
+  }
+  if (shard_size < index_bytes) {
+    throw ValueError(std::string(what) + ": a shard of " + std::to_string(shard_size) + " bytes cannot hold its index of " +
+                     std::to_string(index_bytes));
+  }
+  if (index_crc_) {
+    uint32_t crc = 0;
+    std::memcpy(&crc, index.data() + index_bytes - 4, 4);
+    if (detail::crc32c(index.first(static_cast<size_t>(index_bytes - 4))) != crc) {
+      throw ValueError(std::string(what) + ": the shard index fails its CRC-32C (corrupt)");
+    }
+  }
+  uint64_t offset = 0, length = 0;
+  std::memcpy(&offset, index.data() + position * 16, 8);
+  std::memcpy(&length, index.data() + position * 16 + 8, 8);
+  if (offset == UINT64_MAX && length == UINT64_MAX) return std::nullopt;
+  const uint64_t begin = index_at_end_ ? 0 : static_cast<uint64_t>(index_bytes);
+  const uint64_t end = static_cast<uint64_t>(index_at_end_ ? shard_size - index_bytes : shard_size);
+  if (offset < begin || offset > end || length > end - offset) {
+    throw ValueError(std::string(what) + ": the shard index puts inner chunk " + std::to_string(position) + " at [" +
+                     std::to_string(offset) + ", +" + std::to_string(length) + "), outside the shard's data");
+  }
+  return Range{static_cast<int64_t>(offset), static_cast<int64_t>(length)};
 }
 
 int64_t ZarrArray::position_in_shard(std::span<const int64_t> index) const {

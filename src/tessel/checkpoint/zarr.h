@@ -61,6 +61,15 @@ class ZarrArray {
   bool index_at_end() const { return index_at_end_; }
   bool index_checksum() const { return index_crc_; }
   int64_t shard_index_bytes() const { return chunks_per_shard() * 16 + (index_crc_ ? 4 : 0); }
+  // Decodes a shard's index (shard_index_bytes() bytes, checked against its CRC-32C) and returns
+  // where inner chunk `position` lies in a shard of `shard_size` bytes, or nullopt when the chunk
+  // was never written. Throws ValueError naming `what` for a corrupt index or a range outside the
+  // shard's data.
+  struct Range {
+    int64_t offset = 0, length = 0;
+  };
+  std::optional<Range> inner_chunk_range(std::span<const std::byte> index, int64_t position, int64_t shard_size,
+                                         std::string_view what) const;
   // The chunk bytes end in their own CRC-32C (zarr v3's crc32c codec).
   bool chunk_checksum() const { return chunk_crc_; }
 

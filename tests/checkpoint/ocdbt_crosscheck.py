@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Reads an OCDBT database tessel wrote (tests/checkpoint/ocdbt_sample.cpp) with the independent
+reference reader in ../shared/tools/ocdbt_dump.py (written from TensorStore's spec; checks every
+CRC-32C), raw and, where the `zstd` tool exists, zstd-compressed.
+Usage: ocdbt_crosscheck.py OCDBT_SAMPLE TOOLS_DIR. Exit 77 (skip) without the reference reader."""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sample, tools = sys.argv[1], sys.argv[2]
+path = os.path.join(tools, "ocdbt_dump.py")
+if not os.path.exists(path):
+    print(f"no {path}: skipped")
+    sys.exit(77)
+spec = importlib.util.spec_from_file_location("ocdbt_dump", path)
+dump = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(dump)
+
+expected = {}
+for i in range(200):
+    expected[f"p{i % 7}/c/{i}".encode()] = bytes([ord("a") + i % 26]) * (1500 if i % 3 == 0 else 10)
+
+modes = ["0"] + (["1"] if shutil.which("zstd") else [])
+for zstd in modes:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "db")
+        subprocess.run([sample, db, zstd], check=True)
+        with open(os.path.join(db, "manifest.ocdbt"), "rb") as f:
+            m = dump.decode_manifest(f.read())
+        v = m["versions"][-1]
+        assert v["root_height"] >= 2, v
+        assert v["num_keys"] == 200, v
+        entries = dump.walk(db, v, v["root_height"], out=[])
+        got = {}
+        for key, e in entries:
+            got[key] = e["value"] if e["kind"] == 0 else dump.read_range(db, e["file"], e["offset"], e["length"])
+            assert (e["kind"] == 1) == (len(got[key]) > 1024), key
+        assert [k for k, _ in entries] == sorted(expected), "keys differ or are out of order"
+        assert got == expected, "values differ"
+        print(f"zstd={zstd}: {len(entries)} keys, height {v['root_height']}, read back by the reference reader")
