@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and fuzzes each for SECONDS (default 60):
 # the sharding parsers (rules, dumps, specs, meshes), the model config parser and the checkpoint
-# metadata parsers and chunk decoders.
+# metadata parsers, chunk decoders, OCDBT manifests and nodes, and zarr3 shard indexes.
 # Usage: scripts/fuzz.sh [SECONDS]. Findings land in build-fuzz/findings/; the script fails on one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
