@@ -78,14 +78,15 @@ std::optional<StoredValue> KvStore::get(std::string_view key) const {
       return StoredValue(std::shared_ptr<const std::string>(db_, &e->value), describe(key));
     }
     if (e->length == 0) return StoredValue(std::make_shared<const std::string>(), describe(key));
-    auto file = std::make_shared<const File>(File::open_read(db_->data_file(*e)));
+    const fs::path path = db_->data_file(*e);
+    auto file = std::make_shared<const File>(File::open_read(path));
     if (e->offset > static_cast<uint64_t>(file->size()) || e->length > static_cast<uint64_t>(file->size()) - e->offset) {
       throw ValueError(describe(key) + ": its bytes [" + std::to_string(e->offset) + ", " +
                        std::to_string(e->offset + e->length) + ") lie past the end of " + file->path().string() + " (" +
                        std::to_string(file->size()) + " bytes)");
     }
     return StoredValue(std::move(file), static_cast<int64_t>(e->offset), static_cast<int64_t>(e->length),
-                       describe(key) + " (" + db_->data_file(*e).string() + ")");
+                       describe(key) + " (" + path.string() + ")");
   }
   fs::path f = dir_;
   size_t start = 0;
