@@ -56,20 +56,8 @@ class Reader {
     if (v > max) fail(std::string(field) + " " + std::to_string(v) + " exceeds " + std::to_string(max));
     return v;
   }
-  uint64_t u64le(const char* field) {
-    if (left() < 8) fail(std::string("truncated before ") + field);
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(data_[pos_ + static_cast<size_t>(i)]);
-    pos_ += 8;
-    return v;
-  }
-  uint32_t u32le(const char* field) {
-    if (left() < 4) fail(std::string("truncated before ") + field);
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(data_[pos_ + static_cast<size_t>(i)]);
-    pos_ += 4;
-    return v;
-  }
+  uint64_t u64le(const char* field) { return fixed_le(8, field); }
+  uint32_t u32le(const char* field) { return static_cast<uint32_t>(fixed_le(4, field)); }
   std::string bytes(uint64_t n, const char* field) {
     if (n > left()) fail(std::string("truncated in ") + field + " (" + std::to_string(n) + " bytes wanted, " +
                          std::to_string(left()) + " left)");
@@ -83,16 +71,18 @@ class Reader {
   }
 
  private:
+  uint64_t fixed_le(size_t n, const char* field) {
+    if (left() < n) fail(std::string("truncated before ") + field);
+    uint64_t v = 0;
+    for (size_t i = n; i-- > 0;) v = (v << 8) | static_cast<uint8_t>(data_[pos_ + i]);
+    pos_ += n;
+    return v;
+  }
+
   std::span<const std::byte> data_;
   size_t pos_ = 0;
   std::string_view what_;
 };
-
-uint32_t load_le32(const std::byte* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
 
 // Checks the common envelope (magic, length, version, CRC-32C) and returns the body, decoded.
 std::vector<std::byte> open_envelope(std::span<const std::byte> blob, uint32_t magic, uint64_t max_body,
@@ -112,7 +102,7 @@ std::vector<std::byte> open_envelope(std::span<const std::byte> blob, uint32_t m
     throw ValueError(w + ": the header gives length " + std::to_string(length) + " but the blob has " +
                      std::to_string(blob.size()) + " bytes (truncated or wrongly referenced)");
   }
-  const uint32_t crc = load_le32(blob.data() + blob.size() - 4);
+  const uint32_t crc = Reader(blob.last(4), what).u32le("CRC-32C");
   if (detail::crc32c(blob.first(blob.size() - 4)) != crc) throw ValueError(w + ": CRC-32C mismatch (corrupt)");
   Reader r(blob.subspan(12, blob.size() - 16), what);
   const uint64_t version = r.varint("format version");
@@ -364,20 +354,10 @@ OcdbtNode decode_ocdbt_node(std::span<const std::byte> blob, std::string_view ba
 
 namespace {
 
-// `relative` (a path read from the database) inside `dir`: every component checked, no
-// symlinked directory on the way.
+// `relative` (a path read from the database) inside `dir`.
 fs::path resolve(const fs::path& dir, std::string_view relative, std::string_view what) {
   if (relative.empty()) throw ValueError(std::string(what) + ": an empty data file path");
-  fs::path p = dir;
-  size_t start = 0;
-  for (;;) {
-    const size_t sep = relative.find('/', start);
-    p = detail::child_path(p, relative.substr(start, sep == std::string_view::npos ? sep : sep - start),
-                           std::string(what) + " data file path '" + std::string(relative) + "'");
-    if (sep == std::string_view::npos) return p;
-    detail::reject_symlink(p);
-    start = sep + 1;
-  }
+  return detail::nested_path(dir, relative, std::string(what) + " data file path '" + std::string(relative) + "'");
 }
 
 std::vector<std::byte> read_range(const fs::path& dir, const std::string& file, uint64_t offset, uint64_t length,
@@ -624,6 +604,21 @@ size_t common_prefix(std::string_view a, std::string_view b) {
   return n;
 }
 
+// A node's key columns (3.6): prefix lengths against the previous key, suffix lengths, for an
+// interior node each child's subtree common prefix, then the suffix bytes.
+void write_keys(Writer& w, const std::vector<std::string_view>& keys, const std::vector<size_t>* subtree_prefix) {
+  std::vector<size_t> shared(keys.size(), 0);
+  for (size_t i = 1; i < keys.size(); ++i) {
+    shared[i] = common_prefix(keys[i - 1], keys[i]);
+    w.varint(shared[i]);
+  }
+  for (size_t i = 0; i < keys.size(); ++i) w.varint(keys[i].size() - shared[i]);
+  if (subtree_prefix) {
+    for (size_t p : *subtree_prefix) w.varint(p);
+  }
+  for (size_t i = 0; i < keys.size(); ++i) w.bytes(keys[i].substr(shared[i]));
+}
+
 }  // namespace
 
 struct OcdbtWriter::Impl {
@@ -676,19 +671,9 @@ struct OcdbtWriter::Impl {
     }
     write_table(w, indirect ? std::vector<std::string>{value_file_name} : std::vector<std::string>{});
     w.varint(end - begin);
-    for (size_t i = begin + 1; i < end; ++i) {
-      w.varint(common_prefix(std::string_view(values[i - 1].key).substr(prefix), std::string_view(values[i].key).substr(prefix)));
-    }
-    for (size_t i = begin; i < end; ++i) {
-      const size_t shared = i == begin ? 0 : common_prefix(std::string_view(values[i - 1].key).substr(prefix),
-                                                           std::string_view(values[i].key).substr(prefix));
-      w.varint(values[i].key.size() - prefix - shared);
-    }
-    for (size_t i = begin; i < end; ++i) {
-      const size_t shared = i == begin ? 0 : common_prefix(std::string_view(values[i - 1].key).substr(prefix),
-                                                           std::string_view(values[i].key).substr(prefix));
-      w.bytes(std::string_view(values[i].key).substr(prefix + shared));
-    }
+    std::vector<std::string_view> keys;
+    for (size_t i = begin; i < end; ++i) keys.push_back(std::string_view(values[i].key).substr(prefix));
+    write_keys(w, keys, nullptr);
     for (size_t i = begin; i < end; ++i) w.varint(values[i].length);
     for (size_t i = begin; i < end; ++i) w.byte(values[i].is_inline ? 0 : 1);
     for (size_t i = begin; i < end; ++i) {
@@ -711,11 +696,13 @@ struct OcdbtWriter::Impl {
     w.byte(static_cast<uint8_t>(height));
     write_table(w, {node_file_name});
     w.varint(end - begin);
-    auto rel = [&](size_t i) { return std::string_view(children[i].first).substr(prefix); };
-    for (size_t i = begin + 1; i < end; ++i) w.varint(common_prefix(rel(i - 1), rel(i)));
-    for (size_t i = begin; i < end; ++i) w.varint(rel(i).size() - (i == begin ? 0 : common_prefix(rel(i - 1), rel(i))));
-    for (size_t i = begin; i < end; ++i) w.varint(children[i].prefix - prefix);
-    for (size_t i = begin; i < end; ++i) w.bytes(rel(i).substr(i == begin ? 0 : common_prefix(rel(i - 1), rel(i))));
+    std::vector<std::string_view> child_keys;
+    std::vector<size_t> subtree_prefix;
+    for (size_t i = begin; i < end; ++i) {
+      child_keys.push_back(std::string_view(children[i].first).substr(prefix));
+      subtree_prefix.push_back(children[i].prefix - prefix);
+    }
+    write_keys(w, child_keys, &subtree_prefix);
     uint64_t keys = 0, tree = 0, indirect = 0;
     for (size_t i = begin; i < end; ++i) w.varint(0);
     for (size_t i = begin; i < end; ++i) w.varint(children[i].offset);

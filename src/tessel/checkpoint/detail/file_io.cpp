@@ -171,6 +171,18 @@ fs::path child_path(const fs::path& root, std::string_view name, std::string_vie
   return root / std::string(name);
 }
 
+fs::path nested_path(const fs::path& root, std::string_view relative, std::string_view what) {
+  fs::path p = root;
+  size_t start = 0;
+  for (;;) {
+    const size_t sep = relative.find('/', start);
+    p = child_path(p, relative.substr(start, sep == std::string_view::npos ? sep : sep - start), what);
+    if (sep == std::string_view::npos) return p;
+    reject_symlink(p);
+    start = sep + 1;
+  }
+}
+
 void reject_symlink(const fs::path& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {

@@ -57,6 +57,11 @@ std::string read_file(const std::filesystem::path& path, int64_t max_bytes);
 std::filesystem::path child_path(const std::filesystem::path& root, std::string_view name,
                                  std::string_view what);
 
+// `root / relative` for a '/'-separated path read from metadata (a chunk key, an OCDBT data file):
+// each component checked as child_path does, and no directory on the way a symlink.
+std::filesystem::path nested_path(const std::filesystem::path& root, std::string_view relative,
+                                  std::string_view what);
+
 // Throws IoError if `path` exists and is a symlink (a link could point out of the checkpoint).
 void reject_symlink(const std::filesystem::path& path);
 

@@ -88,15 +88,7 @@ std::optional<StoredValue> KvStore::get(std::string_view key) const {
     return StoredValue(std::move(file), static_cast<int64_t>(e->offset), static_cast<int64_t>(e->length),
                        describe(key) + " (" + path.string() + ")");
   }
-  fs::path f = dir_;
-  size_t start = 0;
-  for (;;) {  // '/' separated keys are nested directories
-    const size_t sep = key.find('/', start);
-    f = child_path(f, key.substr(start, sep == std::string_view::npos ? sep : sep - start), "key '" + std::string(key) + "'");
-    if (sep == std::string_view::npos) break;
-    reject_symlink(f);
-    start = sep + 1;
-  }
+  const fs::path f = nested_path(dir_, key, "key '" + std::string(key) + "'");
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(f, ec))) return std::nullopt;
   auto file = std::make_shared<const File>(File::open_read(f));
