@@ -158,6 +158,33 @@ void write_orbax_style_item(const fs::path& dir, const std::map<std::string, Hos
   w.commit();
 }
 
+// zarr3 metadata tessel cannot honour is refused by name, not misread.
+TEST(Zarr3, UnsupportedMetadataIsNamed) {
+  const std::string grid = R"("chunk_grid":{"configuration":{"chunk_shape":[8]},"name":"regular"},"data_type":"int32",)"
+                           R"("fill_value":0,"node_type":"array","shape":[8],"zarr_format":3)";
+  const std::string bytes = R"({"configuration":{"endian":"little"},"name":"bytes"})";
+  auto parse = [&](const std::string& codecs) { return ZarrArray::parse("{" + grid + ",\"codecs\":" + codecs + "}", "w/zarr.json"); };
+  EXPECT_EQ(parse("[" + bytes + "]").chunk_key(std::vector<int64_t>{0}), "c/0");
+  const std::pair<std::string, std::string> bad[] = {
+      {R"([{"name":"transpose","configuration":{"order":[0]}},)" + bytes + "]", "no transpose"},
+      {R"([{"configuration":{"endian":"big"},"name":"bytes"}])", "endian \"big\""},
+      {"[" + bytes + R"(,{"name":"gzip","configuration":{"level":1}}])", "codec 'gzip'"},
+      {"[" + bytes + R"(,{"name":"crc32c"},{"name":"zstd"}])", "codec 'crc32c' here"},
+      {R"([{"name":"sharding_indexed","configuration":{"chunk_shape":[3],"codecs":[)" + bytes +
+           R"(],"index_codecs":[)" + bytes + "]}}]",
+       "does not divide"},
+      {R"([{"name":"sharding_indexed","configuration":{"chunk_shape":[4],"codecs":[)" + bytes +
+           R"(],"index_codecs":[)" + bytes + R"(],"index_location":"middle"}}])",
+       "index_location"},
+      {"[]", "non-empty list"},
+  };
+  for (const auto& [codecs, message] : bad) {
+    EXPECT_THAT([&] { parse(codecs); }, ::testing::ThrowsMessage<ValueError>(HasSubstr(message))) << codecs;
+  }
+  EXPECT_THAT([&] { ZarrArray::parse(R"({"zarr_format":3,"shape":[8]})", "w/zarr.json"); },
+              ::testing::ThrowsMessage<ValueError>(HasSubstr("w/zarr.json: missing 'data_type'")));
+}
+
 TEST(OcdbtRoundTrip, RandomArraysRestoreOntoRandomMeshes) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(8);
