@@ -1,7 +1,9 @@
 // Checkpoint figures, one measurement per process so each peak RSS is its own (driven by
 // bench/checkpoint_bench.sh, which prints the ratios):
 //   bench_checkpoint raw DIR BYTES          raw write+fsync and cached read of 8 files (1 and 2 threads)
-//   bench_checkpoint save DIR BYTES CODEC   a BYTES f32 state on fsdp=8, saved with CODEC (none, zstd:1)
+//   bench_checkpoint save DIR BYTES CODEC [LAYOUT]
+//                                          a BYTES f32 state on fsdp=8, saved with CODEC (none, zstd:1)
+//                                          as LAYOUT: ocdbt (default), files, ocdbt+zarr3, files+zarr3
 //   bench_checkpoint restore DIR MESH       restore onto MESH (logical axes through the rules)
 // Each prints one JSON object.
 #include <sys/resource.h>
@@ -143,13 +145,18 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     if (mode == "raw" && argc == 4) {
       j = raw(argv[2], std::stoll(argv[3]));
-    } else if (mode == "save" && argc == 5) {
+    } else if (mode == "save" && (argc == 5 || argc == 6)) {
+      const std::string layout = argc == 6 ? argv[5] : "ocdbt";
       tessel::Runtime rt = tessel::Runtime::host(8);
       tessel::State s = make_state(rt, std::stoll(argv[3]));
       const int64_t before = peak_rss();
       fs::remove_all(argv[2]);
       auto t0 = Clock::now();
-      tessel::save(argv[2], s, {.compression = tessel::Compression::parse(argv[4]), .rules = rules()});
+      tessel::save(argv[2], s,
+                   {.compression = tessel::Compression::parse(argv[4]),
+                    .use_ocdbt = layout.starts_with("ocdbt"),
+                    .use_zarr3 = layout.ends_with("zarr3"),
+                    .rules = rules()});
       const double sec = since(t0);
       j = {{"bytes", s.nbytes()}, {"seconds", sec}, {"gbps", static_cast<double>(s.nbytes()) / sec / 1e9},
            {"rss_before", before}, {"peak_rss", peak_rss()}};
@@ -179,7 +186,7 @@ int main(int argc, char** argv) {
       j["warm_seconds"] = since(t0);
       j["warm_gbps"] = static_cast<double>(bytes) / j["warm_seconds"].get<double>() / 1e9;
     } else {
-      std::cerr << "usage: bench_checkpoint raw DIR BYTES | save DIR BYTES CODEC | restore DIR MESH [READERS]\n";
+      std::cerr << "usage: bench_checkpoint raw DIR BYTES | save DIR BYTES CODEC [LAYOUT] | restore DIR MESH [READERS]\n";
       return 2;
     }
     std::cout << j.dump() << "\n";

@@ -2,8 +2,9 @@
 # Checkpoint figures, all measured in this one run on this machine and filesystem: raw write
 # (fsync) and cached read bandwidth of 8 files, then tessel saving a 2 GiB f32 state from 8 virtual
 # devices (fsdp=8), restoring it onto the same mesh and onto data=2,tensor=4, uncompressed and
-# with zstd level 1, each in its own process (peak RSS per run); and Debian's python3-zarr writing
-# and reading the same arrays as the peer.
+# with zstd level 1, in Orbax's default OCDBT layout and in the plain layout (a file per chunk),
+# each in its own process (peak RSS per run); and Debian's python3-zarr writing and reading the
+# same arrays as the peer.
 # Usage: bench/checkpoint_bench.sh [BUILD_DIR] [SCRATCH_DIR] [BYTES]
 #   BUILD_DIR default build; SCRATCH_DIR default a directory under the repo's parent (disk, not
 #   tmpfs); BYTES default 2147483648. Needs about 3x BYTES of disk and 3x BYTES of memory.
@@ -21,12 +22,15 @@ run() { echo "{\"name\": \"$1\", \"result\": $("${@:2}")}" >> "$out"; }
 
 run raw "$bench" raw "$scratch/raw" "$bytes"
 for codec in none zstd:1; do
-  run "save $codec" "$bench" save "$scratch/$codec" "$bytes" "$codec"
-  for attempt in 1 2 3; do  # fresh-page costs swing 3x between runs on a VM: best of 3 processes
-    run "restore $codec fsdp=8" "$bench" restore "$scratch/$codec" fsdp=8
-    run "restore $codec data=2,tensor=4" "$bench" restore "$scratch/$codec" data=2,tensor=4
+  for layout in ocdbt files; do
+    dir=$scratch/$layout-$codec
+    run "save $layout $codec" "$bench" save "$dir" "$bytes" "$codec" "$layout"
+    for attempt in 1 2 3; do  # fresh-page costs swing 3x between runs on a VM: best of 3 processes
+      run "restore $layout $codec fsdp=8" "$bench" restore "$dir" fsdp=8
+      run "restore $layout $codec data=2,tensor=4" "$bench" restore "$dir" data=2,tensor=4
+    done
+    rm -rf "$dir"
   done
-  rm -rf "$scratch/$codec"
 done
 cat > "$scratch/peer.py" <<'PY'
 # The peer: python3-zarr writing and reading the same arrays (8192 x 4096 f32, 8 row chunks each).
@@ -91,20 +95,29 @@ print(f"fill of fresh memory (memset)     : {ff:6.2f} GB/s   (the first touch of
 print("restore limit: the state read into fresh memory, plus a fill of the target bytes beyond it (replicas)")
 mib = 1 << 20
 for codec in ["none", "zstd:1"]:
-    s = rows[f"save {codec}"]
-    print(f"\nsave {codec:7s} fsdp=8                 : {s['gbps']:6.2f} GB/s = {s['gbps'] / wr:6.1%} of raw write")
+    for layout in ["ocdbt", "files"]:
+        s = rows[f"save {layout} {codec}"]
+        print(f"\n{layout:5s} save {codec:7s} fsdp=8           : {s['gbps']:6.2f} GB/s = {s['gbps'] / wr:6.1%} of raw write")
+        for mesh in ["fsdp=8", "data=2,tensor=4"]:
+            r = rows[f"restore {layout} {codec} {mesh}"]
+            over = (r["peak_rss"] - r["target_bytes"]) / mib
+            limit_s = r["bytes"] / (rf * 1e9) + max(0, r["target_bytes"] - r["bytes"]) / (ff * 1e9)
+            print(f"{layout:5s} restore {codec:7s} -> {mesh:16s}: {r['gbps']:6.2f} GB/s = {r['gbps'] / rd:6.1%} of cached read, "
+                  f"{limit_s / r['seconds']:6.1%} of the restore limit ({r['bytes'] / limit_s / 1e9:.2f} GB/s); "
+                  f"peak RSS - target bytes = {over:7.1f} MiB (staging peak {r['staging_peak'] / mib:.0f} MiB)")
+            print(f"   again into reused device memory: {r['warm_gbps']:6.2f} GB/s = {r['warm_gbps'] / rd:6.1%} of cached read")
+print("\nOCDBT against the plain layout (>1: OCDBT faster)")
+for codec in ["none", "zstd:1"]:
+    o, f = rows[f"save ocdbt {codec}"], rows[f"save files {codec}"]
+    line = f"  {codec:7s} save {o['gbps'] / f['gbps']:5.2f}x"
     for mesh in ["fsdp=8", "data=2,tensor=4"]:
-        r = rows[f"restore {codec} {mesh}"]
-        over = (r["peak_rss"] - r["target_bytes"]) / mib
-        limit_s = r["bytes"] / (rf * 1e9) + max(0, r["target_bytes"] - r["bytes"]) / (ff * 1e9)
-        print(f"restore {codec:7s} -> {mesh:16s}: {r['gbps']:6.2f} GB/s = {r['gbps'] / rd:6.1%} of cached read, "
-              f"{limit_s / r['seconds']:6.1%} of the restore limit ({r['bytes'] / limit_s / 1e9:.2f} GB/s); "
-              f"peak RSS - target bytes = {over:7.1f} MiB (staging peak {r['staging_peak'] / mib:.0f} MiB)")
-        print(f"   again into reused device memory: {r['warm_gbps']:6.2f} GB/s = {r['warm_gbps'] / rd:6.1%} of cached read")
+        o, f = rows[f"restore ocdbt {codec} {mesh}"], rows[f"restore files {codec} {mesh}"]
+        line += f", restore -> {mesh} {o['gbps'] / f['gbps']:5.2f}x (reused memory {o['warm_gbps'] / f['warm_gbps']:5.2f}x)"
+    print(line)
 for codec in ["none", "zstd:1"]:
     zw, zr, zc = (rows[f"python3-zarr {m} {codec}"]["gbps"] for m in ("write", "read", "columns"))
-    s, r = rows[f"save {codec}"], rows[f"restore {codec} fsdp=8"]
-    rc = rows[f"restore {codec} data=2,tensor=4"]
+    s, r = rows[f"save ocdbt {codec}"], rows[f"restore ocdbt {codec} fsdp=8"]
+    rc = rows[f"restore ocdbt {codec} data=2,tensor=4"]
     print(f"\npython3-zarr {codec:7s}: write {zw:5.2f} GB/s (tessel {s['gbps'] / zw:4.1f}x), "
           f"read {zr:5.2f} GB/s (tessel {r['gbps'] / zr:4.1f}x), "
           f"onto data=2,tensor=4 {zc:5.2f} GB/s (tessel {rc['gbps'] / zc:4.1f}x)")

@@ -28,6 +28,7 @@ struct CkptArgs {
   bool json = false;
   int64_t staging_mb = 256;
   RuntimeArgs runtime;
+  StorageArgs storage;
 };
 
 std::string spec_text(const ParamMetadata& p) {
@@ -256,6 +257,7 @@ void reshard_command(const CkptArgs& a) {
   SaveOptions save_options;
   save_options.compression = Compression::parse(a.compression);
   save_options.rules = t.rules;
+  apply_storage(a.storage, save_options);
   auto t0 = std::chrono::steady_clock::now();
   save(a.dst, state, save_options);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -302,6 +304,7 @@ void add_ckpt_command(CLI::App& app) {
   s->add_option("dst", args->dst, "New checkpoint directory (must not exist)")->required();
   mesh_opts(s);
   s->add_option("--compression", args->compression, "none, zstd or zstd:<level>");
+  add_storage_options(s, args->storage);
   s->callback([args] { reshard_command(*args); });
 }
 

@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "tessel/checkpoint/checkpointer.h"
 #include "tessel/runtime/runtime.h"
 
 namespace tessel::cli {
@@ -24,5 +26,13 @@ struct RuntimeArgs {
 };
 void add_runtime_options(CLI::App* cmd, RuntimeArgs& args);
 Runtime make_runtime(const RuntimeArgs& args);
+
+// --storage and --zarr3, for every command that writes checkpoints.
+struct StorageArgs {
+  std::string storage = "ocdbt";
+  bool zarr3 = false;
+};
+void add_storage_options(CLI::App* cmd, StorageArgs& args);
+void apply_storage(const StorageArgs& args, SaveOptions& options);
 
 }  // namespace tessel::cli

@@ -42,6 +42,7 @@ struct TrainArgs {
   std::optional<int64_t> stop_at;
   bool resume = false;
   RuntimeArgs runtime;
+  StorageArgs storage;
 };
 
 std::string duration(double seconds) {
@@ -106,7 +107,12 @@ void train(const TrainArgs& a) {
   std::string resumed;
 
   std::optional<CheckpointManager> ckpt;
-  if (!a.checkpoint_dir.empty()) ckpt.emplace(a.checkpoint_dir, CheckpointManagerOptions{.max_to_keep = a.keep});
+  if (!a.checkpoint_dir.empty()) {
+    CheckpointManagerOptions options;
+    options.max_to_keep = a.keep;
+    apply_storage(a.storage, options.save);
+    ckpt.emplace(a.checkpoint_dir, options);
+  }
   State state;
   nn::DataPosition position{.seed = a.seed, .step = 0};
   int64_t start = 0;
@@ -224,6 +230,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--metrics", args->metrics, "Write one JSON object per step to this file (jsonl)");
   c->add_option("--log-every", args->log_every, "Progress line every K steps")->capture_default_str();
   add_runtime_options(c, args->runtime);
+  add_storage_options(c, args->storage);
   c->callback([args] { train(*args); });
 }
 

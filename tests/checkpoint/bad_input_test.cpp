@@ -10,6 +10,7 @@
 #include "test_util.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/codec.h"
+#include "tessel/checkpoint/ocdbt.h"
 #include "tessel/checkpoint/zarr.h"
 #include "tessel/core/error.h"
 
@@ -25,15 +26,17 @@ struct Saved {
   Runtime rt = Runtime::host(4);
   fs::path dir;
   State target;
-  HostArray value = testing::iota({8, 4}, DType::kF32);
+  HostArray value;
 
-  explicit Saved(Compression compression = {}) {
+  // The plain layout unless `ocdbt`: these tests reach into the chunk files.
+  explicit Saved(Compression compression = {}, bool ocdbt = false, const Shape& shape = {8, 4})
+      : value(testing::iota(shape, DType::kF32)) {
     const Mesh mesh = Mesh::parse("x=4");
     State s;
     s.insert("enc/w", Variable(kParam, device_put(rt, value, NamedSharding(mesh, {{"x"}}))));
     dir = tmp.path() / "c";
-    save(dir, s, {.compression = compression});
-    target.insert("enc/w", Variable::abstract(kParam, {8, 4}, DType::kF32, NamedSharding(mesh, {{"x"}})));
+    save(dir, s, {.compression = compression, .use_ocdbt = ocdbt});
+    target.insert("enc/w", Variable::abstract(kParam, shape, DType::kF32, NamedSharding(mesh, {{"x"}})));
   }
   fs::path chunk(const std::string& key) const { return dir / "enc.w" / key; }
   void overwrite(const fs::path& p, const std::string& text) const {
@@ -64,6 +67,36 @@ TEST(CheckpointBadInput, BitFlipsFailTheChecksumNamingParameterAndChunk) {
     EXPECT_EQ(r.chunks, 4);
     EXPECT_EQ(r.checksums, 4);
   }
+}
+
+// The same faults inside an OCDBT database: a flipped bit in a chunk's value, a data file cut
+// short or gone, a chunk key missing from the tree.
+TEST(CheckpointBadInput, CorruptOcdbtValuesNameParameterAndChunk) {
+  for (Compression c : {Compression::none(), Compression::zstd()}) {
+    Saved s(c, /*ocdbt=*/true, {8, 1024});  // 8 KiB chunks: out of line
+    ASSERT_TRUE(fs::exists(s.dir / "manifest.ocdbt"));
+    const OcdbtDatabase db = OcdbtDatabase::open(s.dir);
+    const OcdbtEntry* e = db.find("enc.w/1.0");
+    ASSERT_NE(e, nullptr);
+    ASSERT_FALSE(e->is_inline) << "32-byte chunks would be inline: the test needs a value in a data file";
+    flip_byte(db.data_file(*e), e->offset + 3);
+    EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("'enc/w' chunk 1.0")));
+    EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("CRC-32C mismatch")));
+    const VerifyReport r = verify(s.dir);
+    ASSERT_EQ(r.faults.size(), 1u) << c.to_string();
+    EXPECT_THAT(r.faults[0], HasSubstr("'enc/w' chunk 1.0"));
+    EXPECT_EQ(r.checksums, 4);
+  }
+  Saved t({}, /*ocdbt=*/true, {8, 1024});
+  const OcdbtDatabase db = OcdbtDatabase::open(t.dir);
+  const OcdbtEntry* e = db.find("enc.w/3.0");
+  ASSERT_NE(e, nullptr);
+  fs::resize_file(db.data_file(*e), e->offset + 5);
+  EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("key 'enc.w/3.0'")));
+  EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("past the end")));
+  EXPECT_FALSE(verify(t.dir).faults.empty());
+  fs::remove(db.data_file(*e));
+  EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<IoError>(HasSubstr(db.data_file(*e).filename().string())));
 }
 
 TEST(CheckpointBadInput, TruncatedMissingAndOversizedChunks) {

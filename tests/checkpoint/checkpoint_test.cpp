@@ -9,6 +9,7 @@
 #include "test_util.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/metadata.h"
+#include "tessel/checkpoint/ocdbt.h"
 #include "tessel/checkpoint/zarr.h"
 #include "tessel/core/error.h"
 #include "tessel/runtime/cast.h"
@@ -66,6 +67,9 @@ TEST(CheckpointRoundTrip, RandomMeshesAndShardingsAreBitIdentical) {
     SaveOptions options;
     if (iter % 3 == 1) options.compression = Compression::zstd(iter % 5 + 1);
     if (iter % 2 == 0) options.max_chunk_bytes = std::uniform_int_distribution<int64_t>(1, 64)(rng);
+    // Every layout Orbax writes: OCDBT or plain files, each with zarr v2 or zarr3.
+    options.use_ocdbt = (iter / 2) % 2 == 0;
+    options.use_zarr3 = iter % 2 == 1;
     save(tmp.path() / "ckpt", state, options);
     RestoreOptions ro;
     ro.staging_bytes = iter % 4 == 0 ? 64 : int64_t{256} << 20;
@@ -124,7 +128,7 @@ TEST(CheckpointFormat, OrbaxLayout) {
   s.insert("dense/kernel", Variable(kParam, device_put(rt, h, NamedSharding(mesh, {{"fsdp"}, {}})),
                                     Partitioning::by_logical({"embed", "mlp"})));
   const fs::path dir = tmp.path() / "item";
-  save(dir, s);
+  save(dir, s, {.use_ocdbt = false});
   EXPECT_TRUE(fs::exists(dir / "commit_success.txt"));
   EXPECT_FALSE(fs::exists(tmp.path() / "item.orbax-checkpoint-tmp"));
   EXPECT_EQ(testing::read_file(dir / "dense.kernel" / ".zarray"),
@@ -168,6 +172,103 @@ TEST(CheckpointFormat, OrbaxLayout) {
   EXPECT_EQ(item.params[0].sharding->mesh, mesh);
 }
 
+// Orbax's default layout: the arrays in the item's root OCDBT database, which refers to the
+// per-process database `ocdbt.process_0/` for values out of line.
+TEST(CheckpointFormat, OrbaxOcdbtLayout) {
+  Runtime rt = Runtime::host(4);
+  TempDir tmp;
+  const Mesh mesh = Mesh::parse("fsdp=4");
+  State s;
+  s.insert("dense/kernel", Variable(kParam, device_put(rt, testing::iota({8, 64}, DType::kF32), NamedSharding(mesh, {{"fsdp"}, {}}))));
+  s.insert("dense/bias", Variable(kParam, device_put(rt, testing::iota({64}, DType::kF32), NamedSharding(mesh, {}))));
+  const fs::path dir = tmp.path() / "item";
+  save(dir, s);
+  EXPECT_TRUE(fs::exists(dir / "manifest.ocdbt"));
+  EXPECT_TRUE(fs::exists(dir / "ocdbt.process_0" / "manifest.ocdbt"));
+  EXPECT_FALSE(fs::exists(dir / "dense.kernel"));
+  auto meta = nlohmann::json::parse(testing::read_file(dir / "_METADATA"));
+  EXPECT_EQ(meta["use_ocdbt"], true);
+  EXPECT_EQ(meta["use_zarr3"], false);
+  const OcdbtDatabase db = OcdbtDatabase::open(dir);
+  std::vector<std::string> keys;
+  for (const auto& e : db.entries()) keys.push_back(e.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"dense.bias/.zarray", "dense.bias/0", "dense.kernel/.zarray", "dense.kernel/0.0",
+                                            "dense.kernel/1.0", "dense.kernel/2.0", "dense.kernel/3.0"}));
+  EXPECT_EQ(db.find("dense.kernel/.zarray")->value,
+            R"({"chunks":[2,64],"compressor":null,"dimension_separator":".","dtype":"<f4","fill_value":null,)"
+            R"("filters":null,"order":"C","shape":[8,64],"zarr_format":2})");
+  // 256-byte bias inline; 512-byte kernel chunks too (Orbax's limit is 1024 bytes).
+  EXPECT_TRUE(db.find("dense.bias/0")->is_inline);
+  EXPECT_EQ(db.find("dense.kernel/1.0")->value.size(), 512u);
+  // Larger chunks stay in the per-process database, referred to from the root.
+  State big;
+  big.insert("w", Variable(kParam, device_put(rt, testing::iota({4, 1024}, DType::kF32), NamedSharding(mesh, {{"fsdp"}, {}}))));
+  save(tmp.path() / "big", big);
+  const OcdbtDatabase root = OcdbtDatabase::open(tmp.path() / "big");
+  const OcdbtEntry* chunk = root.find("w/2.0");
+  ASSERT_NE(chunk, nullptr);
+  EXPECT_FALSE(chunk->is_inline);
+  EXPECT_EQ(chunk->length, 4096u);
+  EXPECT_EQ(chunk->file.rfind("ocdbt.process_0/d/", 0), 0u) << chunk->file;
+  EXPECT_EQ(OcdbtDatabase::open(tmp.path() / "big" / "ocdbt.process_0").entries().size(), root.entries().size());
+}
+
+// zarr3, as Orbax's v1 API writes it: one `sharding_indexed` shard per chunk, holding one inner
+// chunk, its index and the index's CRC-32C.
+TEST(CheckpointFormat, OrbaxZarr3Layout) {
+  Runtime rt = Runtime::host(2);
+  TempDir tmp;
+  const Mesh mesh = Mesh::parse("x=2");
+  State s;
+  s.insert("w", Variable(kParam, device_put(rt, testing::iota({4, 3}, DType::kI32), NamedSharding(mesh, {{"x"}}))));
+  save(tmp.path() / "files", s, {.use_ocdbt = false, .use_zarr3 = true});
+  const fs::path w = tmp.path() / "files" / "w";
+  const std::string json = testing::read_file(w / "zarr.json");
+  const ZarrArray z = ZarrArray::parse(json, "zarr.json");
+  EXPECT_TRUE(z.sharded());
+  EXPECT_EQ(z.shard_shape(), (Shape{2, 3}));
+  EXPECT_EQ(z.chunks(), (Shape{2, 3}));
+  EXPECT_THAT(json, HasSubstr(R"("name":"sharding_indexed")"));
+  EXPECT_THAT(json, HasSubstr(R"("index_codecs":[{"configuration":{"endian":"little"},"name":"bytes"},{"name":"crc32c"}])"));
+  const std::string shard = testing::read_file(w / "c" / "1" / "0");
+  ASSERT_EQ(shard.size(), 24u + 20u);
+  int32_t first = 0;
+  std::memcpy(&first, shard.data(), 4);
+  EXPECT_EQ(first, 7);  // element (2, 0): iota counts from 1
+  uint64_t offset = 1, length = 0;
+  std::memcpy(&offset, shard.data() + 24, 8);
+  std::memcpy(&length, shard.data() + 32, 8);
+  EXPECT_EQ(offset, 0u);
+  EXPECT_EQ(length, 24u);
+  auto meta = nlohmann::json::parse(testing::read_file(tmp.path() / "files" / "_METADATA"));
+  EXPECT_EQ(meta["use_ocdbt"], false);
+  EXPECT_EQ(meta["use_zarr3"], true);
+  save(tmp.path() / "ocdbt", s, {.use_zarr3 = true});
+  const OcdbtDatabase db = OcdbtDatabase::open(tmp.path() / "ocdbt");
+  ASSERT_NE(db.find("w/zarr.json"), nullptr);
+  EXPECT_EQ(db.find("w/zarr.json")->value, json);
+  ASSERT_NE(db.find("w/c/1/0"), nullptr);
+  EXPECT_EQ(db.find("w/c/1/0")->value, shard);
+}
+
+// More chunks than one B+tree node holds (4096): the root gets interior nodes, and a restore
+// onto another mesh reads every chunk back through them.
+TEST(CheckpointRoundTrip, OcdbtTreesWithInteriorNodes) {
+  Runtime rt = Runtime::host(4);
+  TempDir tmp;
+  HostArray h = testing::iota({80, 64}, DType::kF32);
+  SaveOptions options;
+  options.max_chunk_bytes = 4;  // one element per chunk: 5120 keys
+  save(tmp.path() / "c", one_leaf("w", device_put(rt, h, NamedSharding(Mesh::parse("x=4"), {{"x"}}))), options);
+  const OcdbtDatabase db = OcdbtDatabase::open(tmp.path() / "c");
+  EXPECT_EQ(db.entries().size(), 80u * 64 + 1);
+  EXPECT_GE(db.version().root_height, 1);
+  State target;
+  target.insert("w", Variable::abstract(kParam, {80, 64}, DType::kF32, NamedSharding(Mesh::parse("a=2,b=2"), {{"b"}, {"a"}})));
+  EXPECT_EQ(to_host(restore(rt, tmp.path() / "c", target).at("w").array()), h);
+  EXPECT_TRUE(verify(tmp.path() / "c").faults.empty());
+}
+
 TEST(CheckpointFormat, Base64UrlMatchesPython) {
   EXPECT_EQ(base64_url_encode("a"), "YQ==");
   EXPECT_EQ(base64_url_encode("b.c"), "Yi5j");
@@ -186,6 +287,7 @@ TEST(CheckpointFormat, LargeShardsAreSplitIntoDivisorChunks) {
   HostArray h = testing::iota({64, 30}, DType::kF32);
   SaveOptions options;
   options.max_chunk_bytes = 1000;
+  options.use_ocdbt = false;
   save(tmp.path() / "c", one_leaf("w", device_put(rt, h, NamedSharding(mesh, {{"fsdp"}}))), options);
   const ZarrArray z = ZarrArray::parse(testing::read_file(tmp.path() / "c" / "w" / ".zarray"), "w");
   EXPECT_LE(z.chunk_bytes(), 1000);

@@ -1,7 +1,9 @@
 // Test helper: writes checkpoints from a separate process, for the crash-safety test (which kills
 // it) and the python3-zarr interop script (which reads what it writes).
 //   ckpt_helper manager ROOT STEP    save a deterministic state as STEP under a CheckpointManager
-//   ckpt_helper item DIR COMPRESSION save a state of several dtypes and shardings as one item
+//   ckpt_helper item DIR COMPRESSION [LAYOUT]
+//                                    save a state of several dtypes and shardings as one item;
+//                                    LAYOUT: files, zarr3 or files,zarr3 (default: OCDBT, zarr v2)
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -44,7 +46,7 @@ int main(int argc, char** argv) {
       m.save(step, model_state(rt, static_cast<uint64_t>(step)), {{"data", "{\"step\": " + std::to_string(step) + "}"}});
       return 0;
     }
-    if (mode == "item" && argc == 4) {
+    if (mode == "item" && (argc == 4 || argc == 5)) {
       tessel::State s = model_state(rt, 1);
       const tessel::Mesh mesh = tessel::Mesh::parse("x=2,y=4");
       tessel::HostArray ints({5, 7, 3}, tessel::DType::kI32);
@@ -58,10 +60,13 @@ int main(int argc, char** argv) {
       options.compression = tessel::Compression::parse(argv[3]);
       options.max_chunk_bytes = 4096;  // several chunks per shard for the larger parameters
       options.rules = rules();
+      const std::string layout = argc == 5 ? argv[4] : "";
+      options.use_ocdbt = layout.find("files") == std::string::npos;
+      options.use_zarr3 = layout.find("zarr3") != std::string::npos;
       tessel::save(argv[2], s, options);
       return 0;
     }
-    std::cerr << "usage: ckpt_helper manager ROOT STEP | item DIR COMPRESSION\n";
+    std::cerr << "usage: ckpt_helper manager ROOT STEP | item DIR COMPRESSION [LAYOUT]\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "ckpt_helper: " << e.what() << "\n";

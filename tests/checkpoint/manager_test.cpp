@@ -116,7 +116,7 @@ TEST(CheckpointManager, FindItemDirAcceptsRootsStepsAndItems) {
   EXPECT_EQ(find_item_dir(tmp.path() / "10"), tmp.path() / "10" / "default");
   EXPECT_EQ(find_item_dir(tmp.path() / "10" / "default"), tmp.path() / "10" / "default");
   EXPECT_THAT([&] { find_item_dir(tmp.path(), 15); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("no step 15")));
-  EXPECT_THAT([&] { find_item_dir(tmp.path() / "10" / "default" / "w"); },
+  EXPECT_THAT([&] { find_item_dir(tmp.path() / "10" / "default" / "d"); },
               ::testing::ThrowsMessage<ValueError>(HasSubstr("holds no checkpoint")));
 }
 

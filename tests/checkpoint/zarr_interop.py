@@ -1,14 +1,17 @@
 """Interop with Debian's python3-zarr, both ways.
 
 1. python3-zarr opens every array of tessel checkpoints (uncompressed and zstd) and its values
-   equal `tessel ckpt export`'s .npy files.
+   equal `tessel ckpt export`'s .npy files: the plain layout directly, the OCDBT layout after the
+   independent reference reader (../shared/tools/ocdbt_dump.py) has unpacked its keys.
 2. tessel restores arrays python3-zarr wrote with no compressor, zstd and blosc (multi-chunk, with
    edge chunks), inside an Orbax-style item directory.
 
-Usage: zarr_interop.py TESSEL_CLI CKPT_HELPER   (exit 77 = skipped: no python3-zarr)
+Usage: zarr_interop.py TESSEL_CLI CKPT_HELPER [TOOLS_DIR]   (exit 77 = skipped: no python3-zarr)
 """
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +25,38 @@ except ImportError as e:  # the test command installs python3-zarr; a bare machi
     sys.exit(77)
 
 cli, helper = sys.argv[1], sys.argv[2]
+tools = sys.argv[3] if len(sys.argv) > 3 else ""
+
+
+def load_reference_reader():
+    """../shared/tools/ocdbt_dump.py (independent of tessel), or None where it is absent."""
+    path = os.path.join(tools, "ocdbt_dump.py")
+    if not tools or not os.path.exists(path) or not shutil.which("zstd"):
+        return None
+    spec = importlib.util.spec_from_file_location("ocdbt_dump", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def unpack_ocdbt(dump, item, out):
+    """Every key of the item's root OCDBT database as a file below `out` (a plain zarr layout)."""
+    with open(os.path.join(item, "manifest.ocdbt"), "rb") as f:
+        v = dump.decode_manifest(f.read())["versions"][-1]
+    entries = dump.walk(item, v, v["root_height"], out=[], verbose=False)
+    assert len(entries) == v["num_keys"], (len(entries), v["num_keys"])
+    for key, e in entries:
+        if e["kind"] == 0:
+            value = e["value"]
+        else:
+            # Orbax's merged root: large values stay in the per-process database.
+            assert e["file"][0].startswith(b"ocdbt.process_"), e["file"]
+            value = dump.read_range(item, e["file"], e["offset"], e["length"])
+        path = os.path.join(out, key.decode())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(value)
+    return len(entries)
 
 
 def run(*args):
@@ -31,14 +66,24 @@ def run(*args):
     return r.stdout
 
 
-def check_tessel_written(tmp, compression):
-    item = os.path.join(tmp, f"tessel-{compression}")
-    run(helper, "item", item, compression)
+def check_tessel_written(tmp, compression, layout):
+    item = os.path.join(tmp, f"tessel-{compression}-{layout}")
+    run(helper, "item", item, compression, layout)
     meta = json.load(open(os.path.join(item, "_METADATA")))
+    assert meta["use_ocdbt"] == (layout == "ocdbt"), meta["use_ocdbt"]
     names = [".".join(k["key"] for k in e["key_metadata"]) for e in meta["tree_metadata"].values()]
     assert len(names) > 10, names
+    arrays = item
+    if layout == "ocdbt":
+        dump = load_reference_reader()
+        if dump is None:
+            print("no reference OCDBT reader (../shared/tools/ocdbt_dump.py) or zstd tool: OCDBT layout not cross-read")
+            return
+        arrays = os.path.join(tmp, f"unpacked-{compression}")
+        keys = unpack_ocdbt(dump, item, arrays)
+        print(f"the reference reader listed {keys} keys of the OCDBT database")
     for name in names:
-        z = zarr.open(os.path.join(item, name), mode="r")
+        z = zarr.open(os.path.join(arrays, name), mode="r")
         path = name.replace(".", "/")
         out = os.path.join(tmp, "x.npy")
         run(cli, "ckpt", "export", item, "--path", path, "--out", out)
@@ -47,7 +92,7 @@ def check_tessel_written(tmp, compression):
         assert got.dtype == exported.dtype, (name, got.dtype, exported.dtype)
         assert got.shape == exported.shape, (name, got.shape, exported.shape)
         assert np.array_equal(got, exported), name
-    print(f"python3-zarr read all {len(names)} arrays of a {compression} tessel checkpoint")
+    print(f"python3-zarr read all {len(names)} arrays of a {compression} tessel checkpoint ({layout})")
 
 
 def orbax_metadata(names):
@@ -87,7 +132,8 @@ def check_zarr_written(tmp):
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    check_tessel_written(tmp, "none")
-    check_tessel_written(tmp, "zstd:1")
+    for layout in ("files", "ocdbt"):
+        check_tessel_written(tmp, "none", layout)
+        check_tessel_written(tmp, "zstd:1", layout)
     check_zarr_written(tmp)
 print("ok")

@@ -10,8 +10,8 @@ namespace fs = std::filesystem;
 struct Written {
   testing::TempDir tmp;
   fs::path item = tmp.path() / "item";
-  Written() {
-    const std::string cmd = std::string(TESSEL_CKPT_HELPER) + " item " + item.string() + " none";
+  explicit Written(const std::string& layout = "") {
+    const std::string cmd = std::string(TESSEL_CKPT_HELPER) + " item " + item.string() + " none " + layout;
     EXPECT_EQ(std::system(cmd.c_str()), 0);
   }
 };
@@ -52,7 +52,7 @@ TEST(CkptCli, RestoreOntoAnotherMeshReportsDevicesAndSpeed) {
 }
 
 TEST(CkptCli, VerifyFindsACorruptChunk) {
-  Written w;
+  Written w("files");
   ASSERT_EQ(run("ckpt verify " + w.item.string()).rc, 0);
   const fs::path chunk = w.item / "token_embedder.embedding" / "0.0";
   {
@@ -84,6 +84,23 @@ TEST(CkptCli, ExportWritesNpyAndReshardWritesANewLayout) {
   EXPECT_EQ(j["params"][1]["compression"], "zstd:1");
   EXPECT_THAT(j["params"][1]["saved_sharding"].get<std::string>(), HasSubstr("Mesh(data=1, fsdp=8, tensor=1)"));
   expect_one_line_error(run("ckpt reshard " + w.item.string() + " " + dst.string() + " --mesh fsdp=8"), 1, "already exists");
+  EXPECT_EQ(j["storage"], "OCDBT, zarr v2");
+  // Into each other layout, and back.
+  const fs::path files3 = w.tmp.path() / "files3";
+  Result f = run("ckpt reshard " + w.item.string() + " " + files3.string() + " --mesh tensor=8 --storage files --zarr3");
+  ASSERT_EQ(f.rc, 0) << f.err;
+  EXPECT_TRUE(fs::exists(files3 / "token_embedder.embedding" / "zarr.json"));
+  EXPECT_THAT(run("ckpt info " + files3.string()).out, HasSubstr("(files, zarr3)"));
+  EXPECT_EQ(run("ckpt verify " + files3.string()).rc, 0);
+  const fs::path back = w.tmp.path() / "back";
+  ASSERT_EQ(run("ckpt reshard " + files3.string() + " " + back.string() + " --mesh data=2,fsdp=2,tensor=2").rc, 0);
+  const fs::path a = w.tmp.path() / "a.npy", b = w.tmp.path() / "b.npy";
+  ASSERT_EQ(run("ckpt export " + w.item.string() + " --path decoder/layers/1/mlp/wo/kernel --out " + a.string()).rc, 0);
+  ASSERT_EQ(run("ckpt export " + back.string() + " --path decoder/layers/1/mlp/wo/kernel --out " + b.string()).rc, 0);
+  EXPECT_EQ(testing::read_file(a), testing::read_file(b));
+  expect_one_line_error(run("ckpt reshard " + w.item.string() + " " + (w.tmp.path() / "x").string() +
+                            " --mesh fsdp=8 --storage tar"),
+                        2, "--storage");
 }
 
 TEST(CkptCli, BadDirectoriesAndStepsAreNamed) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -175,7 +176,88 @@ void commit_tmp_dir(const fs::path& tmp, const fs::path& final_dir, bool durable
   if (durable) sync_directory(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
 }
 
+namespace {
+
+// Where a save puts the item's keys (`<name>/.zarray`, `<name>/0.1`, `<name>/c/0/1`): plain files
+// below the item directory, or this process's OCDBT database, `ocdbt.process_<N>/`, which
+// finish() merges into the item's root database as Orbax does. put() may run in parallel.
+class ItemWriter {
+ public:
+  ItemWriter(const fs::path& item_dir, const SaveOptions& options) : dir_(item_dir), durable_(options.durable) {
+    if (options.use_ocdbt) {
+      OcdbtWriteOptions o;
+      o.durable = options.durable;
+      ocdbt_.emplace(item_dir / process_db(), o);
+    }
+  }
+  static std::string process_db() { return "ocdbt.process_0"; }
+
+  // Creates the directories a plain key needs (before the parallel puts).
+  void prepare(const std::string& key) {
+    if (ocdbt_) return;
+    fs::path dir = dir_;
+    const std::vector<std::string> parts = split_path(key);
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      dir = detail::child_path(dir, parts[i], "stored key");
+      if (dirs_.insert(dir).second) {
+        std::error_code ec;
+        fs::create_directory(dir, ec);
+        if (ec) throw IoError("cannot create '" + dir.string() + "': " + ec.message());
+      }
+    }
+  }
+
+  void put(const std::string& key, std::span<const std::byte> bytes) {
+    if (ocdbt_) {
+      ocdbt_->put(key, bytes);
+      return;
+    }
+    detail::File f = detail::File::create(dir_ / key);
+    f.write_all(bytes);
+    if (durable_) f.sync();
+    f.close();
+  }
+
+  void finish() {
+    if (ocdbt_) {
+      ocdbt_->commit();
+      OcdbtWriteOptions o;
+      o.durable = durable_;
+      merge_ocdbt(dir_, {process_db()}, o);
+    } else if (durable_) {
+      for (const auto& d : dirs_) detail::sync_directory(d);
+    }
+  }
+
+ private:
+  fs::path dir_;
+  bool durable_;
+  std::optional<OcdbtWriter> ocdbt_;
+  std::set<fs::path> dirs_;
+};
+
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+// A zarr3 shard holding one inner chunk, as Orbax writes them: the chunk's bytes, then the index
+// (offset 0, its length) and the index's CRC-32C.
+std::vector<std::byte> one_chunk_shard(std::span<const std::byte> chunk) {
+  std::vector<std::byte> shard(chunk.begin(), chunk.end());
+  std::byte index[20];
+  const uint64_t offset = 0, length = chunk.size();
+  std::memcpy(index, &offset, 8);
+  std::memcpy(index + 8, &length, 8);
+  const uint32_t crc = detail::crc32c(std::span<const std::byte>(index, 16));
+  std::memcpy(index + 16, &crc, 4);
+  shard.insert(shard.end(), index, index + 20);
+  return shard;
+}
+
+}  // namespace
+
 void write_item(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options) {
+  static_assert(std::endian::native == std::endian::little, "stored indexes are little endian");
   const auto& params = staged.impl().params;
   if (options.max_chunk_bytes < 1) throw ValueError("max_chunk_bytes must be positive");
   if (options.compression.kind == Compression::Kind::kBlosc) {
@@ -198,7 +280,11 @@ void write_item(const fs::path& item_dir, const StagedState& staged, const SaveO
       if (p.sharding.num_blocks(d) > 1) sharded.push_back(d);
     }
     r.chunk_shape = choose_chunk_shape(r.write_shape, item_size(p.dtype), options.max_chunk_bytes, sharded);
-    zarrs.emplace_back(p.shape, r.chunk_shape, p.dtype, options.compression);
+    if (options.use_zarr3) {
+      zarrs.push_back(ZarrArray::sharded_v3(p.shape, r.chunk_shape, r.chunk_shape, p.dtype, options.compression));
+    } else {
+      zarrs.emplace_back(p.shape, r.chunk_shape, p.dtype, options.compression);
+    }
     records.push_back(std::move(r));
   }
 
@@ -209,14 +295,17 @@ void write_item(const fs::path& item_dir, const StagedState& staged, const SaveO
     std::vector<int64_t> index;
   };
   std::vector<Task> tasks;
+  ItemWriter out(item_dir, options);
   for (size_t i = 0; i < params.size(); ++i) {
-    const fs::path dir = item_dir / records[i].name;
-    std::error_code ec;
-    fs::create_directory(dir, ec);
-    if (ec) throw IoError("cannot create '" + dir.string() + "': " + ec.message());
-    write_file(dir / ".zarray", zarrs[i].to_json(), options.durable);
+    const std::string prefix = records[i].name + "/";
+    const std::string meta_key = prefix + zarrs[i].metadata_key();
+    out.prepare(meta_key);
+    out.put(meta_key, as_bytes(zarrs[i].to_json()));
     for (size_t b = 0; b < params[i].blocks.size(); ++b) {
-      for (auto& index : zarrs[i].chunks_in(params[i].blocks[b].box)) tasks.push_back({i, b, std::move(index)});
+      for (auto& index : zarrs[i].chunks_in(params[i].blocks[b].box)) {
+        out.prepare(prefix + zarrs[i].chunk_key(index));
+        tasks.push_back({i, b, std::move(index)});
+      }
     }
   }
   std::mutex mu;
@@ -243,24 +332,26 @@ void write_item(const fs::path& item_dir, const StagedState& staged, const SaveO
       packed = compress(options.compression, raw);
       raw = packed;
     }
-    const std::string key = z.chunk_key(task.index);
-    File f = File::create(item_dir / records[task.param].name / key);
-    f.write_all(raw);
-    if (options.durable) f.sync();
-    f.close();
+    // The checksum covers the chunk's stored bytes, which a restore reads (a shard's index aside).
     const uint32_t crc = crc32c(raw);
+    std::vector<std::byte> shard;
+    if (z.sharded()) {
+      shard = one_chunk_shard(raw);
+      raw = shard;
+    }
+    const std::string key = z.chunk_key(task.index);
+    out.put(records[task.param].name + "/" + key, raw);
     std::lock_guard lock(mu);
     records[task.param].crc32c[key] = crc;
   });
-  if (options.durable) {
-    for (const auto& r : records) sync_directory(item_dir / r.name);
-  }
+  out.finish();
   const Mesh mesh = params.empty() ? Mesh({}) : params.front().sharding.mesh();
   write_file(item_dir / "_sharding", sharding_json(records), options.durable);
   fs::create_directory(item_dir / "array_metadatas");
   write_file(item_dir / "array_metadatas" / "process_0", array_metadatas_json(records), options.durable);
   if (options.durable) sync_directory(item_dir / "array_metadatas");
-  write_file(item_dir / "_METADATA", tree_metadata_json(records, mesh, options.rules), options.durable);
+  write_file(item_dir / "_METADATA", tree_metadata_json(records, mesh, options.rules, options.use_ocdbt, options.use_zarr3),
+             options.durable);
   if (options.durable) sync_directory(item_dir);
 }
 

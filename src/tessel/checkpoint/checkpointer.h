@@ -1,8 +1,9 @@
-// Saving and restoring a State as an Orbax PyTree checkpoint item (zarr v2, use_ocdbt=false).
+// Saving and restoring a State as an Orbax PyTree checkpoint item: by default as Orbax writes it
+// by default (zarr v2 arrays in an OCDBT database), or any of Orbax's other layouts (SaveOptions).
 //
 // save() writes each distinct block of every array once (replica 0), as whole chunks, from a
 // pool of writers, into `<dir>.orbax-checkpoint-tmp`, fsyncs, writes commit_success.txt and
-// renames: a crash leaves either the finished directory or none. restore() places each leaf
+// renames: a crash leaves either the finished directory or none. restore() reads any layout. restore() places each leaf
 // straight into its target sharding: each device's block is read from the chunks that intersect
 // it (uncompressed chunks by byte ranges, compressed ones decoded once for every block that needs
 // them), with host staging bounded by RestoreOptions::staging_bytes.
@@ -30,6 +31,8 @@ namespace tessel {
 
 struct SaveOptions {
   Compression compression;                  // none: fastest on local disks
+  bool use_ocdbt = true;                    // arrays in an OCDBT database (Orbax's default), else plain files
+  bool use_zarr3 = false;                   // zarr3 shards (Orbax's v1 API), else zarr v2 (its v0 default)
   int64_t max_chunk_bytes = int64_t{64} << 20;  // larger shards are split into divisor chunks
   int writers = 0;                          // parallel chunk writers; 0: max(4, cores), at most 16
   bool durable = true;                      // fsync files and directories before the commit

@@ -381,7 +381,7 @@ ItemMetadata read_item_metadata(const fs::path& item_dir) {
 namespace detail {
 
 std::string tree_metadata_json(const std::vector<ParamRecord>& params, const Mesh& mesh,
-                               const std::optional<LogicalRules>& rules) {
+                               const std::optional<LogicalRules>& rules, bool use_ocdbt, bool use_zarr3) {
   Json tree = Json::object();
   Json tessel_params = Json::object();
   for (const auto& p : params) {
@@ -400,8 +400,8 @@ std::string tree_metadata_json(const std::vector<ParamRecord>& params, const Mes
   Json tessel{{"version", 1}, {"mesh", mesh_json(mesh)}, {"rules", rules ? rules_json(*rules) : Json()},
               {"params", std::move(tessel_params)}};
   Json j{{"tree_metadata", std::move(tree)},
-         {"use_ocdbt", false},
-         {"use_zarr3", false},
+         {"use_ocdbt", use_ocdbt},
+         {"use_zarr3", use_zarr3},
          {"store_array_data_equal_to_fill_value", true},
          {"custom_metadata", {{"tessel", std::move(tessel)}}}};
   return json_util::dump(j);

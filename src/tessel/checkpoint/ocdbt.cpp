@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include "tessel/checkpoint/detail/crc32c.h"
 #include "tessel/checkpoint/detail/file_io.h"
@@ -575,19 +576,30 @@ std::vector<std::byte> seal_envelope(uint32_t magic, const std::vector<std::byte
   return std::move(out);
 }
 
-// One file id per table: base "" and `relative`.
-void write_table(Writer& w, const std::vector<std::string>& files) {
+// A data file as a table lists it: base + relative is its path below the database directory.
+struct FileRef {
+  std::string base, relative;
+  auto operator<=>(const FileRef&) const = default;
+};
+
+// The table (3.3) of `files`, which must be sorted and distinct, as TensorStore writes it: a
+// path's shared prefix with the previous one reaches into the relative part only when both have
+// the same base.
+void write_table(Writer& w, const std::vector<FileRef>& files) {
   w.varint(files.size());
+  std::vector<std::string> paths;
+  for (const auto& f : files) paths.push_back(f.base + f.relative);
   std::vector<size_t> prefix(files.size(), 0);
   for (size_t i = 1; i < files.size(); ++i) {
     size_t n = 0;
-    while (n < files[i].size() && n < files[i - 1].size() && files[i][n] == files[i - 1][n]) ++n;
+    while (n < paths[i].size() && n < paths[i - 1].size() && paths[i][n] == paths[i - 1][n]) ++n;
+    if (files[i].base != files[i - 1].base) n = std::min({n, files[i].base.size(), files[i - 1].base.size()});
     prefix[i] = n;
     w.varint(n);
   }
-  for (size_t i = 0; i < files.size(); ++i) w.varint(files[i].size() - prefix[i]);
-  for (size_t i = 0; i < files.size(); ++i) w.varint(0);
-  for (size_t i = 0; i < files.size(); ++i) w.bytes(std::string_view(files[i]).substr(prefix[i]));
+  for (size_t i = 0; i < files.size(); ++i) w.varint(paths[i].size() - prefix[i]);
+  for (size_t i = 0; i < files.size(); ++i) w.varint(files[i].base.size());
+  for (size_t i = 0; i < files.size(); ++i) w.bytes(std::string_view(paths[i]).substr(prefix[i]));
 }
 
 std::string random_file_name() {
@@ -626,15 +638,35 @@ struct OcdbtWriter::Impl {
   OcdbtWriteOptions options;
   struct Value {
     std::string key;
-    bool is_inline = true;
+    int file = -1;  // index into `files`; -1: inline
     std::string bytes;
     uint64_t offset = 0, length = 0;
   };
+  std::mutex mu;  // guards everything below while puts run in parallel
   std::vector<Value> values;
-  std::optional<detail::File> value_file;
-  std::string value_file_name;
-  uint64_t value_bytes = 0;
+  std::vector<FileRef> files;  // every data file a value lies in
+  std::map<FileRef, int> file_ids;
+  // The data files this writer fills. A put takes an idle one for the time of its write: writes
+  // to one file serialize on its inode lock, so parallel puts need files of their own.
+  struct DataFile {
+    std::shared_ptr<detail::File> file;
+    int id = 0;  // in `files`
+    uint64_t filled = 0;
+  };
+  std::vector<DataFile> written;
+  std::vector<size_t> idle;  // into `written`
   bool committed = false;
+
+  int file_id(FileRef ref) {
+    auto [it, fresh] = file_ids.emplace(ref, static_cast<int>(files.size()));
+    if (fresh) files.push_back(std::move(ref));
+    return it->second;
+  }
+
+  void check_open(std::string_view key) const {
+    if (committed) throw ValueError("the OCDBT database in '" + dir.string() + "' is already committed");
+    if (key.size() > 65535) throw ValueError("OCDBT key of " + std::to_string(key.size()) + " bytes (at most 65535)");
+  }
 
   // A node written: what its parent records.
   struct Ref {
@@ -659,31 +691,39 @@ struct OcdbtWriter::Impl {
     const std::string& first = values[begin].key;
     const std::string& last = values[end - 1].key;
     const size_t prefix = root ? 0 : common_prefix(first, last);
-    Writer w;
-    w.byte(0);
-    bool indirect = false;
+    // The node's own table: the files its values lie in, sorted, each once.
+    std::vector<int> used;
     uint64_t indirect_bytes = 0;
     for (size_t i = begin; i < end; ++i) {
-      if (!values[i].is_inline) {
-        indirect = true;
-        indirect_bytes += values[i].length;
-      }
+      if (values[i].file < 0) continue;
+      used.push_back(values[i].file);
+      indirect_bytes += values[i].length;
     }
-    write_table(w, indirect ? std::vector<std::string>{value_file_name} : std::vector<std::string>{});
+    std::sort(used.begin(), used.end(), [&](int a, int b) { return files[static_cast<size_t>(a)] < files[static_cast<size_t>(b)]; });
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    std::vector<FileRef> table;
+    std::map<int, uint64_t> local;
+    for (int f : used) {
+      local[f] = table.size();
+      table.push_back(files[static_cast<size_t>(f)]);
+    }
+    Writer w;
+    w.byte(0);
+    write_table(w, table);
     w.varint(end - begin);
     std::vector<std::string_view> keys;
     for (size_t i = begin; i < end; ++i) keys.push_back(std::string_view(values[i].key).substr(prefix));
     write_keys(w, keys, nullptr);
     for (size_t i = begin; i < end; ++i) w.varint(values[i].length);
-    for (size_t i = begin; i < end; ++i) w.byte(values[i].is_inline ? 0 : 1);
+    for (size_t i = begin; i < end; ++i) w.byte(values[i].file < 0 ? 0 : 1);
     for (size_t i = begin; i < end; ++i) {
-      if (!values[i].is_inline) w.varint(0);
+      if (values[i].file >= 0) w.varint(local[values[i].file]);
     }
     for (size_t i = begin; i < end; ++i) {
-      if (!values[i].is_inline) w.varint(values[i].offset);
+      if (values[i].file >= 0) w.varint(values[i].offset);
     }
     for (size_t i = begin; i < end; ++i) {
-      if (values[i].is_inline) w.bytes(values[i].bytes);
+      if (values[i].file < 0) w.bytes(values[i].bytes);
     }
     return add_node(std::move(w.out()), first, last, prefix, end - begin, 0, indirect_bytes);
   }
@@ -694,7 +734,7 @@ struct OcdbtWriter::Impl {
     const size_t prefix = root ? 0 : common_prefix(first, last);
     Writer w;
     w.byte(static_cast<uint8_t>(height));
-    write_table(w, {node_file_name});
+    write_table(w, {{"", node_file_name}});
     w.varint(end - begin);
     std::vector<std::string_view> child_keys;
     std::vector<size_t> subtree_prefix;
@@ -722,6 +762,7 @@ struct OcdbtWriter::Impl {
 OcdbtWriter::OcdbtWriter(fs::path dir, OcdbtWriteOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.max_node_entries < 2) throw ValueError("OCDBT nodes need room for at least 2 entries");
   if (options.max_inline_value_bytes > kMaxInlineValue) throw ValueError("inline OCDBT values are limited to 1 MiB");
+  if (options.target_data_file_bytes < 1) throw ValueError("OCDBT data files need a positive target size");
   impl_->dir = std::move(dir);
   impl_->options = options;
   std::error_code ec;
@@ -740,34 +781,71 @@ void OcdbtWriter::put(std::string key, std::string_view value) {
 
 void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
   Impl& m = *impl_;
-  if (m.committed) throw ValueError("the OCDBT database in '" + m.dir.string() + "' is already committed");
-  if (key.size() > 65535) throw ValueError("OCDBT key of " + std::to_string(key.size()) + " bytes (at most 65535)");
-  Impl::Value v{std::move(key), true, {}, 0, value.size()};
-  if (value.size() > m.options.max_inline_value_bytes) {
-    if (!m.value_file) {
-      m.value_file_name = random_file_name();
-      m.value_file.emplace(detail::File::create(m.dir / m.value_file_name));
+  std::shared_ptr<detail::File> file;
+  uint64_t offset = 0;
+  size_t slot = 0;
+  {
+    std::lock_guard lock(m.mu);
+    m.check_open(key);
+    if (value.size() <= m.options.max_inline_value_bytes) {
+      m.values.push_back({std::move(key), -1, std::string(reinterpret_cast<const char*>(value.data()), value.size()), 0,
+                          value.size()});
+      return;
     }
-    v.is_inline = false;
-    v.offset = m.value_bytes;
-    m.value_file->write_all(value);
-    m.value_bytes += value.size();
-  } else {
-    v.bytes.assign(reinterpret_cast<const char*>(value.data()), value.size());
+    // An idle data file with room (a value is never split), else a new one.
+    auto fits = [&](size_t i) {
+      const uint64_t filled = m.written[i].filled;
+      return filled == 0 || filled + value.size() <= m.options.target_data_file_bytes;
+    };
+    auto it = std::find_if(m.idle.begin(), m.idle.end(), fits);
+    if (it != m.idle.end()) {
+      slot = *it;
+      m.idle.erase(it);
+    } else {
+      const std::string name = random_file_name();
+      slot = m.written.size();
+      m.written.push_back({std::make_shared<detail::File>(detail::File::create(m.dir / name)), m.file_id({"", name}), 0});
+    }
+    Impl::DataFile& f = m.written[slot];
+    file = f.file;
+    offset = f.filled;
+    f.filled += value.size();
+    m.values.push_back({std::move(key), f.id, {}, offset, value.size()});
   }
-  m.values.push_back(std::move(v));
+  // Outside the lock: each writer fills (and flushes) its own file.
+  file->write_at(static_cast<int64_t>(offset), value);
+  if (m.options.durable) file->flush_range(static_cast<int64_t>(offset), static_cast<int64_t>(value.size()));
+  std::lock_guard lock(m.mu);
+  m.idle.push_back(slot);
+}
+
+void OcdbtWriter::copy_from(const OcdbtDatabase& db, const std::string& subdir) {
+  Impl& m = *impl_;
+  if (subdir.empty() || subdir.find('/') != std::string::npos || subdir == "." || subdir == "..") {
+    throw ValueError("'" + subdir + "' is not a directory name beside the database's own files");
+  }
+  std::lock_guard lock(m.mu);
+  for (const OcdbtEntry& e : db.entries()) {
+    m.check_open(e.key);
+    if (e.is_inline) {
+      m.values.push_back({e.key, -1, e.value, 0, e.value.size()});
+    } else {
+      m.values.push_back({e.key, m.file_id({subdir + "/", e.file}), {}, e.offset, e.length});
+    }
+  }
 }
 
 void OcdbtWriter::commit() {
   Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
   if (m.committed) throw ValueError("the OCDBT database in '" + m.dir.string() + "' is already committed");
   std::stable_sort(m.values.begin(), m.values.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
   for (size_t i = 1; i < m.values.size(); ++i) {
     if (m.values[i].key == m.values[i - 1].key) throw ValueError("OCDBT key '" + m.values[i].key + "' put twice");
   }
-  if (m.value_file) {
-    if (m.options.durable) m.value_file->sync();
-    m.value_file->close();
+  for (const auto& f : m.written) {
+    if (m.options.durable) f.file->sync();
+    f.file->close();
   }
   m.node_file_name = random_file_name();
   OcdbtVersion version;
@@ -813,7 +891,7 @@ void OcdbtWriter::commit() {
   w.byte(4);
   w.varint(m.options.zstd ? 1 : 0);
   if (m.options.zstd) w.le(0, 4);
-  write_table(w, {version.root_file});  // an empty tree refers to the empty path
+  write_table(w, {{"", version.root_file}});  // an empty tree refers to the empty path
   w.varint(1);
   w.varint(version.generation);
   w.byte(static_cast<uint8_t>(version.root_height));
@@ -834,6 +912,12 @@ void OcdbtWriter::commit() {
   if (ec) throw IoError("cannot rename '" + tmp.string() + "' to manifest.ocdbt: " + ec.message());
   if (m.options.durable) detail::sync_directory(m.dir);
   m.committed = true;
+}
+
+void merge_ocdbt(const fs::path& root, const std::vector<std::string>& subdirs, OcdbtWriteOptions options) {
+  OcdbtWriter w(root, options);
+  for (const auto& sub : subdirs) w.copy_from(OcdbtDatabase::open(root / sub), sub);
+  w.commit();
 }
 
 }  // namespace tessel

@@ -87,18 +87,20 @@ class OcdbtDatabase {
 };
 
 // Writes a new single-writer database (one generation) into a directory: values longer than
-// max_inline_value_bytes go to a data file as they are put, the rest stay inline; commit() builds
-// the B+tree (leaves of at most max_node_entries keys, interior nodes above), writes the nodes,
-// fsyncs, and writes `manifest.ocdbt` last, atomically. Until then no manifest exists, so a crash
-// leaves no database, not a damaged one.
+// max_inline_value_bytes go to data files (`d/<hex>`) as they are put, the rest stay inline;
+// commit() builds the B+tree (leaves of at most max_node_entries keys, interior nodes above),
+// writes the nodes, fsyncs, and writes `manifest.ocdbt` last, atomically. Until then no manifest
+// exists, so a crash leaves no database, not a damaged one. put() may be called from several
+// threads at once (large values are written outside the writer's lock); commit() after all.
 //
-//   tessel::OcdbtWriter w("ckpt/tmp/state");
+//   tessel::OcdbtWriter w("ckpt/tmp/state/ocdbt.process_0");
 //   w.put("params.w/.zarray", zarray_json);
 //   w.put("params.w/0.0", chunk_bytes);
 //   w.commit();
 struct OcdbtWriteOptions {
   uint64_t max_inline_value_bytes = 1024;  // Orbax's setting
   size_t max_node_entries = 4096;
+  uint64_t target_data_file_bytes = uint64_t{2} << 30;  // Orbax's ocdbt_target_data_file_size
   bool zstd = true;  // compress nodes and the manifest (zstd level 0, as TensorStore)
   bool durable = true;
 };
@@ -109,15 +111,25 @@ class OcdbtWriter {
   ~OcdbtWriter();
   OcdbtWriter(const OcdbtWriter&) = delete;
   OcdbtWriter& operator=(const OcdbtWriter&) = delete;
-  // Throws ValueError for a key given twice or longer than 65535 bytes (at commit for the first).
+  // Throws ValueError for a key given twice (at commit) or longer than 65535 bytes.
   void put(std::string key, std::span<const std::byte> value);
   void put(std::string key, std::string_view value);
+  // Every key of `db`, a database in the directory `subdir` beside this one's `d/`: inline values
+  // are copied, values out of line stay where they are and are referenced with the base path
+  // `subdir/` (how Orbax merges the per-process databases `ocdbt.process_N` into the item's root).
+  void copy_from(const OcdbtDatabase& db, const std::string& subdir);
   void commit();
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The root database of `root` over the committed databases in root/<subdir> for each of
+// `subdirs` (e.g. "ocdbt.process_0"): Orbax's finalize step. Throws ValueError for a key that
+// two of them hold.
+void merge_ocdbt(const std::filesystem::path& root, const std::vector<std::string>& subdirs,
+                 OcdbtWriteOptions options = {});
 
 // The decoders, over bytes that may be anything (the fuzzers' entry points). `what` names the
 // source in errors. A manifest of kind 1 (numbered) decodes to its config only.

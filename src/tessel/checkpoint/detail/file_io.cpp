@@ -120,6 +120,25 @@ void File::write_all(std::span<const std::byte> data) {
   }
 }
 
+void File::write_at(int64_t offset, std::span<const std::byte> data) const {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path_, "cannot write", errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void File::flush_range(int64_t offset, int64_t size) const {
+  const unsigned flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+  while (::sync_file_range(fd_, offset, size, flags) != 0) {
+    if (errno != EINTR) fail(path_, "cannot flush", errno);
+  }
+}
+
 void File::sync() {
   if (::fsync(fd_) != 0) fail(path_, "cannot fsync", errno);
 }

@@ -34,6 +34,12 @@ class File {
   // One contiguous file range into several buffers (preadv), exactly their total size.
   void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
   void write_all(std::span<const std::byte> data);
+  // All of `data` at `offset` (pwrite): threads may write disjoint ranges of one file at once.
+  void write_at(int64_t offset, std::span<const std::byte> data) const;
+  // Starts writing [offset, offset + size) to the disk and waits for it (sync_file_range): a
+  // writer flushes its own part of a shared file while others still write, and the final sync()
+  // has little left to do. Metadata is left to sync().
+  void flush_range(int64_t offset, int64_t size) const;
   void sync();   // fsync
   void close();  // reports a failing close (a deferred write error) as IoError
 
