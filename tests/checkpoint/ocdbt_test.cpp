@@ -8,7 +8,10 @@
 #include <map>
 #include <random>
 
+#include <thread>
+
 #include "../test_util.h"
+#include "tessel/checkpoint/detail/crc32c.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
@@ -185,6 +188,123 @@ TEST(Ocdbt, DamagedDatabasesAreNamed) {
     if (e.path() != values) fs::remove(e.path());  // the nodes' file
   }
   EXPECT_THROW(OcdbtDatabase::open(dir), IoError);
+}
+
+// Threads putting at once, into data files that roll over at their target size.
+TEST(Ocdbt, ParallelPutsFillSeveralDataFiles) {
+  testing::TempDir tmp;
+  std::mt19937 rng(11);
+  const auto entries = random_entries(rng, 400);
+  std::vector<std::pair<std::string, std::string>> all(entries.begin(), entries.end());
+  OcdbtWriter w(tmp.path() / "db", {.target_data_file_bytes = 20000, .durable = false});
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 4; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < all.size(); i += 4) w.put(all[i].first, all[i].second);
+    });
+  }
+  for (auto& t : pool) t.join();
+  w.commit();
+  const auto db = OcdbtDatabase::open(tmp.path() / "db");
+  ASSERT_EQ(db.entries().size(), entries.size());
+  std::map<std::string, uint64_t> file_bytes;
+  for (const auto& e : db.entries()) {
+    EXPECT_EQ(db.read_all(e), entries.at(e.key)) << e.key;
+    if (!e.is_inline) file_bytes[e.file] += e.length;
+  }
+  EXPECT_GT(file_bytes.size(), 2u);
+  for (const auto& [file, bytes] : file_bytes) {
+    // A file passes its target only by holding one value larger than it.
+    EXPECT_LE(bytes, 20000u + 4096u) << file;
+  }
+}
+
+// Orbax's merge: a root over per-process databases, whose large values stay where they are.
+TEST(Ocdbt, MergedRootRefersIntoProcessDatabases) {
+  testing::TempDir tmp;
+  const fs::path root = tmp.path() / "item";
+  std::map<std::string, std::string> expected;
+  for (int p = 0; p < 3; ++p) {
+    OcdbtWriter w(root / ("ocdbt.process_" + std::to_string(p)), {.durable = false});
+    for (int i = 0; i < 5; ++i) {
+      const std::string key = "w/" + std::to_string(i) + "." + std::to_string(p);
+      const std::string value(i % 2 ? 3000 : 10, static_cast<char>('a' + p * 5 + i));
+      w.put(key, value);
+      expected[key] = value;
+    }
+    w.commit();
+  }
+  merge_ocdbt(root, {"ocdbt.process_0", "ocdbt.process_1", "ocdbt.process_2"}, {.max_node_entries = 4, .durable = false});
+  const auto db = OcdbtDatabase::open(root);
+  ASSERT_EQ(db.entries().size(), expected.size());
+  EXPECT_GE(db.version().root_height, 1);
+  for (const auto& e : db.entries()) {
+    EXPECT_EQ(db.read_all(e), expected.at(e.key)) << e.key;
+    if (!e.is_inline) {
+      EXPECT_EQ(e.file.rfind("ocdbt.process_" + e.key.substr(e.key.size() - 1) + "/d/", 0), 0u) << e.file;
+    }
+  }
+  // Two databases holding one key, and names that are not plain subdirectories.
+  const fs::path dup = tmp.path() / "dup";
+  for (const char* sub : {"ocdbt.process_0", "ocdbt.process_1"}) {
+    OcdbtWriter w(dup / sub, {.durable = false});
+    w.put("w/.zarray", "{}");
+    w.commit();
+  }
+  EXPECT_THAT([&] { merge_ocdbt(dup, {"ocdbt.process_0", "ocdbt.process_1"}, {.durable = false}); },
+              ::testing::ThrowsMessage<ValueError>(HasSubstr("'w/.zarray' put twice")));
+  OcdbtWriter w(tmp.path() / "other", {.durable = false});
+  EXPECT_THROW(w.copy_from(db, "../item"), ValueError);
+  EXPECT_THROW(w.copy_from(db, ""), ValueError);
+}
+
+// An envelope (3.2) around `body`, uncompressed.
+std::string seal(uint32_t magic, const std::string& body) {
+  std::string out;
+  for (int shift = 24; shift >= 0; shift -= 8) out += static_cast<char>(magic >> shift);
+  const uint64_t length = 4 + 8 + 2 + body.size() + 4;
+  for (int i = 0; i < 8; ++i) out += static_cast<char>(length >> (8 * i));
+  out += '\0';  // version
+  out += '\0';  // raw
+  out += body;
+  const uint32_t crc = detail::crc32c(std::as_bytes(std::span(out.data(), out.size())));
+  for (int i = 0; i < 4; ++i) out += static_cast<char>(crc >> (8 * i));
+  return out;
+}
+
+// The numbered kind: `manifest.ocdbt` holds the config alone, the newest `manifest.<016x>` the
+// versions. Made from a written database by moving its manifest to a numbered name.
+TEST(Ocdbt, NumberedManifests) {
+  testing::TempDir tmp;
+  const fs::path dir = tmp.path() / "db";
+  {
+    OcdbtWriter w(dir, {.zstd = false, .durable = false});
+    w.put("a", "1");
+    w.put("b", std::string(5000, 'b'));
+    w.commit();
+  }
+  const std::string single = testing::read_file(dir / "manifest.ocdbt");
+  // The config: uuid, kind, two varints (1024: 2 bytes, 100000000: 4), arity, compression.
+  std::string config = single.substr(14, 16 + 1 + 2 + 4 + 1 + 1);
+  config[16] = 1;
+  const uint32_t magic = 0x0cdb3a2a;
+  {
+    std::ofstream(dir / "manifest.ocdbt", std::ios::binary | std::ios::trunc) << seal(magic, config);
+    std::ofstream(dir / "manifest.0000000000000001", std::ios::binary) << single;
+    std::ofstream(dir / "manifest.000000000000000g", std::ios::binary) << "not a manifest name";
+  }
+  const auto db = OcdbtDatabase::open(dir);
+  EXPECT_EQ(db.config().manifest_kind, 1);
+  EXPECT_THAT(keys(db), ::testing::ElementsAre("a", "b"));
+  EXPECT_EQ(db.read_all(*db.find("b")), std::string(5000, 'b'));
+  // Another database's manifest beside the config, and no numbered manifest at all.
+  std::string foreign = config;
+  foreign[0] ^= 1;
+  std::ofstream(dir / "manifest.ocdbt", std::ios::binary | std::ios::trunc) << seal(magic, foreign);
+  EXPECT_THAT([&] { OcdbtDatabase::open(dir); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("another database's uuid")));
+  std::ofstream(dir / "manifest.ocdbt", std::ios::binary | std::ios::trunc) << seal(magic, config);
+  fs::remove(dir / "manifest.0000000000000001");
+  EXPECT_THAT([&] { OcdbtDatabase::open(dir); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("no manifest.<generation>")));
 }
 
 }  // namespace
