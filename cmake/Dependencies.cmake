@@ -7,6 +7,8 @@ find_package(PkgConfig REQUIRED)            # pkg-config
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)   # libzstd-dev
 pkg_check_modules(BLOSC REQUIRED IMPORTED_TARGET blosc)    # libblosc-dev
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)  # libopenblas-dev
+set(MPI_CXX_SKIP_MPICXX ON)                 # the C API only (the C++ bindings are deprecated)
+find_package(MPI REQUIRED COMPONENTS CXX)   # libopenmpi-dev (mpirun: openmpi-bin)
 if(TESSEL_BUILD_TESTS)
   find_package(GTest REQUIRED)              # libgtest-dev
 endif()

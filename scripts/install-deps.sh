@@ -5,7 +5,8 @@
 #   of bench/train_bench.sh: PyTorch and the OpenMP build of OpenBLAS (its tuned configuration).
 set -euo pipefail
 packages=(cmake make g++ pkg-config nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev)
+          libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev
+          libopenmpi-dev openmpi-bin)
 if [ "${1:-build}" = test ] || [ "${1:-build}" = bench ]; then
   packages+=(clang libclang-rt-14-dev python3 python3-yaml python3-zarr)
 fi

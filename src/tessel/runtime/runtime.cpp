@@ -23,6 +23,8 @@ struct Runtime::Impl {
   std::vector<Device*> device_ptrs;
   WorkerPool pool;
   std::unique_ptr<Communicator> communicator;
+  int process_index = 0;
+  int process_count = 1;
 
   explicit Impl(int threads) : pool(threads) {}
 };
@@ -78,8 +80,30 @@ std::shared_ptr<Device> Runtime::shared_device(int64_t id) const {
   return impl_->devices[static_cast<size_t>(id)];
 }
 
-int Runtime::process_index() const { return 0; }
-int Runtime::process_count() const { return 1; }
+Runtime Runtime::multi_process(RuntimeOptions options, int process_index, int process_count,
+                               const CommunicatorFactory& make_communicator) {
+  const int64_t k = options.devices == 0 ? default_device_count() : options.devices;
+  if (process_count < 1 || process_index < 0 || process_index >= process_count)
+    throw ValueError(fmt::format("process {} of {} does not exist", process_index, process_count));
+  if (k < 1 || k * process_count > kMaxDevices)
+    throw ValueError(fmt::format("{} processes of {} devices: a runtime has 1 to {} devices", process_count, k,
+                                 kMaxDevices));
+  if (options.memory_limit && *options.memory_limit < 0)
+    throw ValueError(fmt::format("memory limit must not be negative, got {}", *options.memory_limit));
+  auto impl = std::make_shared<Impl>(options.threads);
+  impl->process_index = process_index;
+  impl->process_count = process_count;
+  for (int64_t id = 0; id < k * process_count; ++id) {
+    impl->devices.push_back(std::make_shared<Device>(id, static_cast<int>(id / k), options.memory_limit));
+    impl->device_ptrs.push_back(impl->devices.back().get());
+  }
+  impl->communicator = make_communicator(impl->pool, impl->device_ptrs);
+  return Runtime(std::move(impl));
+}
+
+int Runtime::process_index() const { return impl_->process_index; }
+int Runtime::process_count() const { return impl_->process_count; }
+int64_t Runtime::local_device_count() const { return device_count() / impl_->process_count; }
 
 bool Runtime::is_addressable(int64_t id) const {
   return device(id).process_index() == process_index();

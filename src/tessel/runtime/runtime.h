@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "tessel/sharding/mesh.h"
@@ -33,6 +35,12 @@ class Runtime {
   static Runtime host(int64_t devices);
   // $TESSEL_DEVICES if set (a positive integer), else 8.
   static int64_t default_device_count();
+  // One of `process_count` processes, each with options.devices devices: device d belongs to
+  // process d / options.devices. `make_communicator` builds the communicator over all devices (the
+  // other processes' are placeholders that hold no memory). See tessel/runtime/mpi.h.
+  using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(WorkerPool&, std::span<Device* const>)>;
+  static Runtime multi_process(RuntimeOptions options, int process_index, int process_count,
+                               const CommunicatorFactory& make_communicator);
 
   int64_t device_count() const;
   Device& device(int64_t id) const;  // throws ValueError naming the valid range
@@ -40,6 +48,7 @@ class Runtime {
   std::shared_ptr<Device> shared_device(int64_t id) const;
   int process_index() const;         // 0 in a host runtime
   int process_count() const;         // 1 in a host runtime
+  int64_t local_device_count() const;  // devices of this process
   bool is_addressable(int64_t device) const;  // owned by this process
   WorkerPool& pool() const;
   Communicator& communicator() const;
