@@ -184,11 +184,8 @@ namespace {
 class ItemWriter {
  public:
   ItemWriter(const fs::path& item_dir, const SaveOptions& options) : dir_(item_dir), durable_(options.durable) {
-    if (options.use_ocdbt) {
-      OcdbtWriteOptions o;
-      o.durable = options.durable;
-      ocdbt_.emplace(item_dir / process_db(), o);
-    }
+    ocdbt_options_.durable = options.durable;
+    if (options.use_ocdbt) ocdbt_.emplace(item_dir / process_db(), ocdbt_options_);
   }
   static std::string process_db() { return "ocdbt.process_0"; }
 
@@ -221,9 +218,7 @@ class ItemWriter {
   void finish() {
     if (ocdbt_) {
       ocdbt_->commit();
-      OcdbtWriteOptions o;
-      o.durable = durable_;
-      merge_ocdbt(dir_, {process_db()}, o);
+      merge_ocdbt(dir_, {process_db()}, ocdbt_options_);
     } else if (durable_) {
       for (const auto& d : dirs_) detail::sync_directory(d);
     }
@@ -232,6 +227,7 @@ class ItemWriter {
  private:
   fs::path dir_;
   bool durable_;
+  OcdbtWriteOptions ocdbt_options_;
   std::optional<OcdbtWriter> ocdbt_;
   std::set<fs::path> dirs_;
 };
