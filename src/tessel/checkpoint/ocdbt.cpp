@@ -576,6 +576,12 @@ std::vector<std::byte> seal_envelope(uint32_t magic, const std::vector<std::byte
   return std::move(out);
 }
 
+size_t common_prefix(std::string_view a, std::string_view b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
 // A data file as a table lists it: base + relative is its path below the database directory.
 struct FileRef {
   std::string base, relative;
@@ -591,8 +597,7 @@ void write_table(Writer& w, const std::vector<FileRef>& files) {
   for (const auto& f : files) paths.push_back(f.base + f.relative);
   std::vector<size_t> prefix(files.size(), 0);
   for (size_t i = 1; i < files.size(); ++i) {
-    size_t n = 0;
-    while (n < paths[i].size() && n < paths[i - 1].size() && paths[i][n] == paths[i - 1][n]) ++n;
+    size_t n = common_prefix(paths[i - 1], paths[i]);
     if (files[i].base != files[i - 1].base) n = std::min({n, files[i].base.size(), files[i - 1].base.size()});
     prefix[i] = n;
     w.varint(n);
@@ -608,12 +613,6 @@ std::string random_file_name() {
   std::snprintf(buf, sizeof buf, "d/%016llx%016llx", static_cast<unsigned long long>(rng()),
                 static_cast<unsigned long long>(rng()));
   return buf;
-}
-
-size_t common_prefix(std::string_view a, std::string_view b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
 }
 
 // A node's key columns (3.6): prefix lengths against the previous key, suffix lengths, for an

@@ -42,20 +42,13 @@ int64_t Runtime::default_device_count() {
 }
 
 Runtime Runtime::host(RuntimeOptions options) {
-  int64_t n = options.devices == 0 ? default_device_count() : options.devices;
+  const int64_t n = options.devices == 0 ? default_device_count() : options.devices;
   if (n < 1 || n > kMaxDevices)
     throw ValueError(fmt::format("a host runtime has 1 to {} devices, got {}", kMaxDevices, n));
-  if (options.memory_limit && *options.memory_limit < 0)
-    throw ValueError(fmt::format("memory limit must not be negative, got {}", *options.memory_limit));
-  if (options.threads < 0)
-    throw ValueError(fmt::format("worker thread count must not be negative, got {}", options.threads));
-  auto impl = std::make_shared<Impl>(options.threads);
-  for (int64_t id = 0; id < n; ++id) {
-    impl->devices.push_back(std::make_shared<Device>(id, 0, options.memory_limit));
-    impl->device_ptrs.push_back(impl->devices.back().get());
-  }
-  impl->communicator = std::make_unique<InProcessCommunicator>(impl->pool, impl->device_ptrs);
-  return Runtime(std::move(impl));
+  options.devices = n;
+  return multi_process(options, 0, 1, [](WorkerPool& pool, std::span<Device* const> devices) {
+    return std::make_unique<InProcessCommunicator>(pool, devices);
+  });
 }
 
 Runtime Runtime::host(int64_t devices) {
@@ -90,6 +83,8 @@ Runtime Runtime::multi_process(RuntimeOptions options, int process_index, int pr
                                  kMaxDevices));
   if (options.memory_limit && *options.memory_limit < 0)
     throw ValueError(fmt::format("memory limit must not be negative, got {}", *options.memory_limit));
+  if (options.threads < 0)
+    throw ValueError(fmt::format("worker thread count must not be negative, got {}", options.threads));
   auto impl = std::make_shared<Impl>(options.threads);
   impl->process_index = process_index;
   impl->process_count = process_count;
