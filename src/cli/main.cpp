@@ -17,6 +17,9 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// One write per line: the lines of several processes share mpirun's stderr.
+void report(const std::string& line) { std::cerr << line + "\n" << std::flush; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -29,6 +32,7 @@ int main(int argc, char** argv) {
   tessel::cli::add_plan_command(app);
   tessel::cli::add_ckpt_command(app);
   tessel::cli::add_train_command(app);
+  int rc = 0;
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -37,11 +41,12 @@ int main(int argc, char** argv) {
     std::cerr << "tessel: error: " << one_line(e.what()) << " (see tessel --help)\n";
     return 2;
   } catch (const tessel::Error& e) {
-    std::cerr << "tessel: error: " << one_line(e.what()) << "\n";
-    return 1;
+    report("tessel: error: " + tessel::cli::process_label() + one_line(e.what()));
+    rc = 1;
   } catch (const std::exception& e) {
-    std::cerr << "tessel: internal error: " << one_line(e.what()) << "\n";
-    return 1;
+    report("tessel: internal error: " + tessel::cli::process_label() + one_line(e.what()));
+    rc = 1;
   }
-  return 0;
+  tessel::cli::end_mpi(rc != 0);
+  return rc;
 }

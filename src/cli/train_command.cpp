@@ -3,6 +3,7 @@
 // state's shardings and resumes onto any mesh with the same data position.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
 #include "tessel/nn/train.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/model_config.h"
 #include "tessel/state/plan.h"
@@ -68,6 +70,59 @@ std::string plan_summary(const nn::Trainer& t, const State& abstract, const Trai
   return out;
 }
 
+std::string file_text(const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// What every process must agree on before training together: the arguments and the files they name.
+nlohmann::json configuration(const TrainArgs& a) {
+  return nlohmann::json{{"model", a.model},   {"model_text", file_text(a.model)},
+                   {"rules", a.rules},   {"rules_text", file_text(a.rules)},
+                   {"mesh", a.mesh},     {"data", a.data},
+                   {"checkpoint_dir", a.checkpoint_dir}, {"optimizer", a.optimizer},
+                   {"steps", a.steps},   {"batch", a.batch}, {"seq", a.seq}, {"warmup", a.warmup},
+                   {"checkpoint_every", a.checkpoint_every}, {"keep", a.keep}, {"lr", a.lr}, {"clip", a.clip},
+                   {"weight_decay", a.weight_decay}, {"seed", a.seed}, {"resume", a.resume},
+                   {"stop_at", a.stop_at ? *a.stop_at : -1}, {"storage", a.storage.storage}, {"zarr3", a.storage.zarr3}};
+}
+
+// Throws ValueError on every process unless all were started with the same configuration, naming
+// the first setting that differs and its values.
+void check_same_configuration(ProcessGroup& group, const TrainArgs& a) {
+  const nlohmann::json mine = configuration(a);
+  const std::vector<std::string> all = group.all_gather(mine.dump(), "comparing the training configurations");
+  const nlohmann::json first = nlohmann::json::parse(all[0]);
+  for (size_t p = 1; p < all.size(); ++p) {
+    const nlohmann::json other = nlohmann::json::parse(all[p]);
+    for (const auto& [key, value] : first.items()) {
+      if (other.value(key, nlohmann::json()) == value) continue;
+      auto shown = [](const nlohmann::json& v) {
+        std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+        return s.size() > 120 ? s.substr(0, 120) + "..." : s;
+      };
+      auto flag = [](std::string k) {
+        std::replace(k.begin(), k.end(), '_', '-');
+        return "--" + k;
+      };
+      if (key.ends_with("_text")) {
+        throw ValueError(fmt::format("the training configuration differs between processes: the file {} names has "
+                                     "other contents on process {} than on process 0",
+                                     flag(key.substr(0, key.size() - 5)), p));
+      }
+      throw ValueError(fmt::format("the training configuration differs between processes: {} is '{}' on process 0 "
+                                   "and '{}' on process {}", flag(key), shown(value), shown(other[key]), p));
+    }
+  }
+}
+
+// Where a process that is not the leader sends what the leader prints.
+std::ostream& discard() {
+  static std::ostream null(nullptr);
+  return null;
+}
+
 void train(const TrainArgs& a) {
   if (a.steps < 0) throw ValueError(fmt::format("--steps must be at least 0, got {}", a.steps));
   if (a.batch < 1 || a.seq < 1) throw ValueError("--batch and --seq must be positive");
@@ -88,6 +143,9 @@ void train(const TrainArgs& a) {
   const LogicalRules rules = a.rules.empty() ? nn::default_rules() : load_rules(a.rules);
   const Mesh mesh = Mesh::parse(a.mesh, rules.mesh_axes());
   Runtime rt = make_runtime(a.runtime);
+  check_same_configuration(rt.processes(), a);
+  const bool leader = rt.processes().is_leader();
+  std::ostream& out = leader ? std::cout : discard();
   nn::OptimizerConfig opt;
   opt.kind = a.optimizer == "sgd" ? nn::OptimizerKind::kSgd : nn::OptimizerKind::kAdamW;
   opt.schedule = {.peak = a.lr, .warmup = a.warmup, .decay_steps = std::max<int64_t>(a.steps - a.warmup, 0)};
@@ -111,7 +169,7 @@ void train(const TrainArgs& a) {
     CheckpointManagerOptions options;
     options.max_to_keep = a.keep;
     apply_storage(a.storage, options.save);
-    ckpt.emplace(a.checkpoint_dir, options);
+    ckpt.emplace(rt, a.checkpoint_dir, options);
   }
   State state;
   nn::DataPosition position{.seed = a.seed, .step = 0};
@@ -136,9 +194,9 @@ void train(const TrainArgs& a) {
     }
     state = trainer.init(a.seed);
   }
-  std::cout << plan_summary(trainer, abstract, a);
-  if (data) std::cout << fmt::format("  data: {} ({} bytes)\n", data->path().string(), data->size());
-  std::cout << resumed;
+  out << plan_summary(trainer, abstract, a);
+  if (data) out << fmt::format("  data: {} ({} bytes)\n", data->path().string(), data->size());
+  out << resumed;
   auto save = [&](int64_t step) {
     nn::DataPosition at = position;
     at.step = step;
@@ -148,17 +206,17 @@ void train(const TrainArgs& a) {
   if (a.steps == 0 || start >= end) {
     if (ckpt && !(a.resume && latest)) save(start);
     if (ckpt) ckpt->wait();
-    std::cout << fmt::format("nothing to train: at step {} of {}{}\n", start, a.steps,
+    out << fmt::format("nothing to train: at step {} of {}{}\n", start, a.steps,
                              ckpt && !(a.resume && latest) ? fmt::format("; saved step {} to {}", start, a.checkpoint_dir) : "");
     return;
   }
 
   std::ofstream metrics;
-  if (!a.metrics.empty()) {
+  if (!a.metrics.empty() && leader) {
     metrics.open(a.metrics, a.resume ? std::ios::app : std::ios::trunc);
     if (!metrics) throw IoError("cannot write the metrics file " + a.metrics);
   }
-  const bool tty = isatty(STDOUT_FILENO) != 0;
+  const bool tty = leader && isatty(STDOUT_FILENO) != 0;
   const int64_t tokens_per_step = a.batch * (lm ? a.seq : 1);
   const auto begin = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN;
@@ -187,10 +245,10 @@ void train(const TrainArgs& a) {
                     std::string(static_cast<size_t>(filled), '#'), std::string(static_cast<size_t>(width - filled), '.'),
                     step + 1, a.steps, m.loss, tokens_per_s, m.grad_norm, m.lr, duration(eta));
     if (tty) {
-      std::cout << "\r" << line << "\x1b[K" << std::flush;
-      if (done % a.log_every == 0 || step + 1 == end) std::cout << "\n";
+      out << "\r" << line << "\x1b[K" << std::flush;
+      if (done % a.log_every == 0 || step + 1 == end) out << "\n";
     } else if (done % a.log_every == 0 || step + 1 == end || done == 1) {
-      std::cout << line << "\n" << std::flush;
+      out << line << "\n" << std::flush;
     }
     if (ckpt && ((a.checkpoint_every > 0 && (step + 1) % a.checkpoint_every == 0) || step + 1 == end)) {
       save(step + 1);
@@ -198,7 +256,7 @@ void train(const TrainArgs& a) {
   }
   if (ckpt) ckpt->wait();
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  std::cout << fmt::format("trained steps {}..{} in {} ({:.0f} tokens/s): loss {:.4f} -> {:.4f}{}\n", start + 1, end,
+  out << fmt::format("trained steps {}..{} in {} ({:.0f} tokens/s): loss {:.4f} -> {:.4f}{}\n", start + 1, end,
                            duration(elapsed), static_cast<double>(tokens_per_step * (end - start)) / elapsed, first_loss, last_loss,
                            ckpt ? "; checkpoints in " + a.checkpoint_dir : "");
 }
@@ -230,6 +288,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--metrics", args->metrics, "Write one JSON object per step to this file (jsonl)");
   c->add_option("--log-every", args->log_every, "Progress line every K steps")->capture_default_str();
   add_runtime_options(c, args->runtime);
+  add_multi_process_options(c, args->runtime);
   add_storage_options(c, args->storage);
   c->callback([args] { train(*args); });
 }

@@ -3,37 +3,30 @@
 // on 8 devices in one process, and each rank holds only its own devices' shards.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "runtime/runtime_test_util.h"
+#include "tessel/core/box_copy.h"
+#include "mpi_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/runtime/collectives.h"
 #include "tessel/runtime/device.h"
 #include "tessel/runtime/mpi.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/reshard.h"
 
 namespace tessel {
 namespace {
 
-constexpr int64_t kDevices = 8;
-
-// The runtime under test (this rank's part of 8 devices) and the one-process reference.
-Runtime& mpi() {
-  static Runtime rt = [] {
-    int size = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    return mpi_runtime({.devices = kDevices / size});
-  }();
-  return rt;
-}
-Runtime& reference() {
-  static Runtime rt = Runtime::host(kDevices);
-  return rt;
-}
+constexpr int64_t kDevices = testing::kMpiDevices;
+using testing::mpi;
+using testing::reference;
 
 // A value per device and element, the same on every rank: per-device contributions expose a
 // piece taken from the wrong device.
@@ -140,32 +133,129 @@ TEST(Mpi, ReductionsAddInGroupOrder) {
   expect_same_shards(all_reduce(x, {"c", "b", "a"}, Reduction::kSum), all_reduce(r, {"c", "b", "a"}, Reduction::kSum));
 }
 
-TEST(Mpi, DifferentConfigurationsAreReportedOnEveryRank) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  EXPECT_NO_THROW(check_same_on_all_ranks("mesh data=2,fsdp=4", "mesh"));
-  const std::string mine = rank == size - 1 ? "mesh data=4,fsdp=2" : "mesh data=2,fsdp=4";
-  EXPECT_THAT([&] { check_same_on_all_ranks(mine, "mesh"); },
+TEST(Mpi, GatherAssemblesTheArrayOnOneProcess) {
+  std::mt19937 rng(7);
+  const Mesh all({{"x", kDevices}});
+  const int processes = mpi().process_count();
+  for (int iter = 0; iter < 30; ++iter) {
+    const Mesh m = testing::random_mesh_over(rng, all);
+    const Shape shape = testing::random_shape(rng);
+    const NamedSharding s(m, testing::random_spec(rng, m, shape.rank()));
+    SCOPED_TRACE(s.to_string() + " " + shape.to_string());
+    const Array x = input(mpi(), shape, DType::kF32, s);
+    const HostArray want = to_host(input(reference(), shape, DType::kF32, s));
+    const int root = iter % processes;
+    const std::optional<HostArray> got = gather(x, root);
+    ASSERT_EQ(got.has_value(), mpi().process_index() == root);
+    if (got) EXPECT_TRUE(std::ranges::equal(got->bytes(), want.bytes()));
+  }
+  // to_host refuses what this process does not hold whole.
+  const Array rows = input(mpi(), {16, 4}, DType::kF32, NamedSharding(Mesh::parse("x=8"), {{"x"}}));
+  EXPECT_THAT([&] { to_host(rows); }, ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("gather() it")));
+  EXPECT_THAT([&] { gather(rows, processes); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("process " + std::to_string(processes) + " does not exist")));
+}
+
+TEST(Mpi, ProcessLocalDataBuildsTheGlobalArray) {
+  const int p = mpi().process_index();
+  struct Case {
+    const char* mesh;
+    PartitionSpec spec;
+  };
+  const std::vector<Case> cases = {{"x=8", {{"x"}}},                        // a batch's rows over every device
+                                   {"data=2,tensor=4", {{"data"}, {"tensor"}}},
+                                   {"data=4,fsdp=2", {{"data", "fsdp"}}},
+                                   {"data=2,tensor=4", {{"data"}}}};       // replicated over tensor
+  for (const Case& c : cases) {
+    const NamedSharding s(Mesh::parse(c.mesh), c.spec);
+    SCOPED_TRACE(s.to_string());
+    const Shape shape{16, 8};
+    const HostArray global = to_host(input(reference(), shape, DType::kI32, NamedSharding(Mesh::parse("x=8"), {})));
+    // This process's part: the box its devices' blocks cover.
+    Box part;
+    bool first = true;
+    for (int64_t d = 0; d < kDevices; ++d) {
+      if (!mpi().is_addressable(d)) continue;
+      const Box b = s.device_box(d, shape);
+      if (first) part = b;
+      std::vector<int64_t> lo(2), hi(2);
+      for (size_t k = 0; k < 2; ++k) {
+        lo[k] = std::min(part.start(k), b.start(k));
+        hi[k] = std::max(part.stop(k), b.stop(k));
+      }
+      part = Box(lo, hi);
+      first = false;
+    }
+    HostArray local(part.shape(), DType::kI32);
+    copy_region(global.bytes().data(), Box::full(shape), local.mutable_bytes().data(), part, part, 4);
+    const Array x = make_array_from_process_local_data(mpi(), s, local);
+    EXPECT_EQ(x.shape(), shape);
+    expect_same_shards(x, device_put(reference(), global, s));
+  }
+  // Devices of one process interleaved with another's: their blocks are not one box.
+  const Mesh interleaved({{"x", kDevices}}, {0, 4, 1, 5, 2, 6, 3, 7});
+  HostArray local(Shape{8, 8}, DType::kI32);
+  EXPECT_THAT([&] { make_array_from_process_local_data(mpi(), NamedSharding(interleaved, {{"x"}}), local, Shape{16, 8}); },
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr(
-                  "the mesh differs between ranks: rank 0 has 'mesh data=2,fsdp=4', rank " + std::to_string(size - 1) +
-                  " has 'mesh data=4,fsdp=2'")));
+                  "the blocks of process " + std::to_string(p) + " under")));
+  const HostArray wrong(Shape{3, 8}, DType::kI32);
+  EXPECT_THAT([&] { make_array_from_process_local_data(mpi(), NamedSharding(Mesh::parse("x=8"), {{"x"}}), wrong, Shape{16, 8}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("its local data must have shape")));
+}
+
+TEST(Mpi, DifferentConfigurationsAreReportedOnEveryRank) {
+  ProcessGroup& g = mpi().processes();
+  EXPECT_NO_THROW(check_same(g, "mesh data=2,fsdp=4", "mesh"));
+  const int last = g.count() - 1;
+  const std::string mine = g.index() == last ? "mesh data=4,fsdp=2" : "mesh data=2,fsdp=4";
+  EXPECT_THAT([&] { check_same(g, mine, "mesh"); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr(
+                  "the mesh differs between processes: process 0 has 'mesh data=2,fsdp=4', process " +
+                  std::to_string(last) + " has 'mesh data=4,fsdp=2'")));
+}
+
+TEST(Mpi, AFailureInRunTogetherIsEveryonesError) {
+  ProcessGroup& g = mpi().processes();
+  const std::vector<std::string> all = gather_together(g, "naming", [&] { return "p" + std::to_string(g.index()); });
+  ASSERT_EQ(all.size(), static_cast<size_t>(g.count()));
+  for (int p = 0; p < g.count(); ++p) EXPECT_EQ(all[static_cast<size_t>(p)], "p" + std::to_string(p));
+  const int failing = g.count() - 1;
+  auto step = [&] {
+    run_together(g, "writing step 3", [&] {
+      if (g.index() == failing) throw IoError("disk full at /ckpt/3");
+    });
+  };
+  if (g.index() == failing) {
+    EXPECT_THAT(step, ::testing::ThrowsMessage<IoError>(::testing::StrEq("disk full at /ckpt/3")));
+  } else {
+    EXPECT_THAT(step, ::testing::ThrowsMessage<Error>(::testing::StrEq(
+                          "writing step 3 failed on process " + std::to_string(failing) + ": disk full at /ckpt/3")));
+  }
+}
+
+TEST(Mpi, AProcessThatDoesNotArriveIsNamed) {
+  // A group with a 1 s timeout; the last process arrives 3 s late.
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Runtime rt = mpi_runtime({.devices = kDevices / size, .meeting_timeout = std::chrono::seconds(1)});
+  ProcessGroup& g = rt.processes();
+  const int late = g.count() - 1;
+  if (g.index() == late) {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    // Process 0 gave up on us and will not answer this round either.
+    EXPECT_THAT([&] { g.all_gather("late", "step 9's barrier"); },
+                ::testing::ThrowsMessage<Error>(::testing::HasSubstr("step 9's barrier: process 0 did not answer within 1 s")));
+  } else if (g.index() == 0) {
+    EXPECT_THAT([&] { g.all_gather("early", "step 9's barrier"); },
+                ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                    "step 9's barrier: process " + std::to_string(late) + " did not arrive within 1 s")));
+  } else {
+    EXPECT_THAT([&] { g.all_gather("early", "step 9's barrier"); },
+                ::testing::ThrowsMessage<Error>(::testing::HasSubstr("step 9's barrier: process 0 did not answer within 1 s")));
+  }
+  // The late message is still queued at process 0: a fresh group is clean. Everyone meets again.
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace
 }  // namespace tessel
-
-// Every rank runs every test; rank 0 prints, and the exit status is the worst of all ranks.
-int main(int argc, char** argv) {
-  tessel::MpiSession session(argc, argv);
-  ::testing::InitGoogleMock(&argc, argv);
-  if (session.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (worst != 0 && rc == 0 && session.rank() == 0) std::cerr << "a test failed on another rank\n";
-  return worst;
-}

@@ -22,6 +22,8 @@
 #include "tessel/checkpoint/zarr.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
+#include "tessel/detail/json_util.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/detail/array_builder.h"
 #include "tessel/runtime/detail/kernels.h"
 
@@ -46,6 +48,7 @@ struct StagedState::Impl {
     std::vector<Block> blocks;  // this process's replica-0 blocks
   };
   std::vector<Param> params;
+  std::optional<Runtime> runtime;             // of the arrays; none for an empty state
   std::vector<std::vector<std::byte>> owned;  // the host copies the blocks point into (staged)
   std::vector<Array> held;                    // or the arrays themselves (synchronous save)
   int64_t bytes = 0;
@@ -111,6 +114,10 @@ StagedState::Impl stage_impl(const State& state, bool copy) {
   StagedState::Impl s;
   for (const auto& [path, var] : state) {
     const Array& a = var.array(path);
+    if (!s.runtime) s.runtime = a.runtime();
+    if (!(*s.runtime == a.runtime())) {
+      throw ValueError("cannot save '" + path + "' with the others: its array lives on another runtime");
+    }
     StagedState::Impl::Param p{path, var.kind(), var.partitioning(), a.shape(), a.dtype(), a.sharding(), {}};
     for (const ShardPlacement& placement : a.sharding().distinct_shards(a.shape())) {
       // The first holder this process owns writes the block; in one process that is replica 0.
@@ -183,11 +190,16 @@ namespace {
 // finish() merges into the item's root database as Orbax does. put() may run in parallel.
 class ItemWriter {
  public:
-  ItemWriter(const fs::path& item_dir, const SaveOptions& options) : dir_(item_dir), durable_(options.durable) {
-    ocdbt_options_.durable = options.durable;
-    if (options.use_ocdbt) ocdbt_.emplace(item_dir / process_db(), ocdbt_options_);
+  ItemWriter(const fs::path& item_dir, const SaveOptions& options, int process)
+      : dir_(item_dir), durable_(options.durable) {
+    if (options.use_ocdbt) ocdbt_.emplace(item_dir / process_db(process), ocdbt_options(options));
   }
-  static std::string process_db() { return "ocdbt.process_0"; }
+  static std::string process_db(int process) { return "ocdbt.process_" + std::to_string(process); }
+  static OcdbtWriteOptions ocdbt_options(const SaveOptions& options) {
+    OcdbtWriteOptions o;
+    o.durable = options.durable;
+    return o;
+  }
 
   // Creates the directories a plain key needs (before the parallel puts).
   void prepare(const std::string& key) {
@@ -215,10 +227,10 @@ class ItemWriter {
     f.close();
   }
 
+  // This process's keys are durable; the item's root database is still to be merged.
   void finish() {
     if (ocdbt_) {
       ocdbt_->commit();
-      merge_ocdbt(dir_, {process_db()}, ocdbt_options_);
     } else if (durable_) {
       for (const auto& d : dirs_) detail::sync_directory(d);
     }
@@ -227,7 +239,6 @@ class ItemWriter {
  private:
   fs::path dir_;
   bool durable_;
-  OcdbtWriteOptions ocdbt_options_;
   std::optional<OcdbtWriter> ocdbt_;
   std::set<fs::path> dirs_;
 };
@@ -252,17 +263,24 @@ std::vector<std::byte> one_chunk_shard(std::span<const std::byte> chunk) {
 
 }  // namespace
 
-void write_item(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options) {
+namespace {
+
+// What every process derives alike from the staged state: each parameter's stored name, chunking
+// and zarr metadata.
+struct ItemLayout {
+  std::vector<ParamRecord> records;
+  std::vector<ZarrArray> zarrs;
+};
+
+ItemLayout layout_of(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options) {
   static_assert(std::endian::native == std::endian::little, "stored indexes are little endian");
-  const auto& params = staged.impl().params;
   if (options.max_chunk_bytes < 1) throw ValueError("max_chunk_bytes must be positive");
   if (options.compression.kind == Compression::Kind::kBlosc) {
     throw ValueError("tessel does not write blosc chunks; use none or zstd");
   }
-  std::vector<ParamRecord> records;
-  std::vector<ZarrArray> zarrs;
+  ItemLayout out;
   std::map<std::string, std::string> names;  // stored name -> path
-  for (const auto& p : params) {
+  for (const auto& p : staged.impl().params) {
     ParamRecord r{p.path, split_path(p.path), {}, {}, {}, p.sharding, p.kind, p.partitioning, {}};
     for (size_t i = 0; i < r.keys.size(); ++i) r.name += (i ? "." : "") + r.keys[i];
     if (auto [it, fresh] = names.emplace(r.name, p.path); !fresh) {
@@ -277,13 +295,23 @@ void write_item(const fs::path& item_dir, const StagedState& staged, const SaveO
     }
     r.chunk_shape = choose_chunk_shape(r.write_shape, item_size(p.dtype), options.max_chunk_bytes, sharded);
     if (options.use_zarr3) {
-      zarrs.push_back(ZarrArray::sharded_v3(p.shape, r.chunk_shape, r.chunk_shape, p.dtype, options.compression));
+      out.zarrs.push_back(ZarrArray::sharded_v3(p.shape, r.chunk_shape, r.chunk_shape, p.dtype, options.compression));
     } else {
-      zarrs.emplace_back(p.shape, r.chunk_shape, p.dtype, options.compression);
+      out.zarrs.emplace_back(p.shape, r.chunk_shape, p.dtype, options.compression);
     }
-    records.push_back(std::move(r));
+    out.records.push_back(std::move(r));
   }
+  return out;
+}
 
+}  // namespace
+
+std::string write_item_blocks(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options,
+                              int process) {
+  const auto& params = staged.impl().params;
+  ItemLayout layout = layout_of(item_dir, staged, options);
+  auto& records = layout.records;
+  const auto& zarrs = layout.zarrs;
   // One task per chunk of every written block.
   struct Task {
     size_t param;
@@ -291,12 +319,14 @@ void write_item(const fs::path& item_dir, const StagedState& staged, const SaveO
     std::vector<int64_t> index;
   };
   std::vector<Task> tasks;
-  ItemWriter out(item_dir, options);
+  ItemWriter out(item_dir, options, process);
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string prefix = records[i].name + "/";
-    const std::string meta_key = prefix + zarrs[i].metadata_key();
-    out.prepare(meta_key);
-    out.put(meta_key, as_bytes(zarrs[i].to_json()));
+    if (process == 0) {
+      const std::string meta_key = prefix + zarrs[i].metadata_key();
+      out.prepare(meta_key);
+      out.put(meta_key, as_bytes(zarrs[i].to_json()));
+    }
     for (size_t b = 0; b < params[i].blocks.size(); ++b) {
       for (auto& index : zarrs[i].chunks_in(params[i].blocks[b].box)) {
         out.prepare(prefix + zarrs[i].chunk_key(index));
@@ -341,6 +371,34 @@ void write_item(const fs::path& item_dir, const StagedState& staged, const SaveO
     records[task.param].crc32c[key] = crc;
   });
   out.finish();
+  nlohmann::json crcs = nlohmann::json::object();
+  for (const ParamRecord& r : records) {
+    if (!r.crc32c.empty()) crcs[r.name] = r.crc32c;
+  }
+  return crcs.dump();
+}
+
+void finish_item(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options,
+                 const std::vector<std::string>& crcs) {
+  const auto& params = staged.impl().params;
+  ItemLayout layout = layout_of(item_dir, staged, options);
+  std::map<std::string, ParamRecord*> by_name;
+  for (ParamRecord& r : layout.records) by_name[r.name] = &r;
+  for (size_t process = 0; process < crcs.size(); ++process) {
+    const std::string what = "the chunk checksums of process " + std::to_string(process);
+    const nlohmann::json j = json_util::parse(crcs[process], what);
+    for (const auto& [name, chunks] : j.items()) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) throw ValueError(what + " name '" + name + "', which this process does not save");
+      for (const auto& [key, crc] : chunks.items()) it->second->crc32c[key] = crc.get<uint32_t>();
+    }
+  }
+  if (options.use_ocdbt) {
+    std::vector<std::string> dbs;
+    for (size_t process = 0; process < crcs.size(); ++process) dbs.push_back(ItemWriter::process_db(static_cast<int>(process)));
+    merge_ocdbt(item_dir, dbs, ItemWriter::ocdbt_options(options));
+  }
+  const auto& records = layout.records;
   const Mesh mesh = params.empty() ? Mesh({}) : params.front().sharding.mesh();
   write_file(item_dir / "_sharding", sharding_json(records), options.durable);
   fs::create_directory(item_dir / "array_metadatas");
@@ -351,20 +409,38 @@ void write_item(const fs::path& item_dir, const StagedState& staged, const SaveO
   if (options.durable) sync_directory(item_dir);
 }
 
+ProcessGroup& processes_of(const StagedState& staged) {
+  static SingleProcessGroup one;
+  const auto& rt = staged.impl().runtime;
+  return rt ? rt->processes() : one;
+}
+
 }  // namespace detail
 
 void save(const fs::path& dir, const StagedState& staged, const SaveOptions& options) {
-  std::error_code ec;
-  if (fs::exists(dir, ec)) throw IoError("cannot save to '" + dir.string() + "': it already exists");
+  ProcessGroup& group = detail::processes_of(staged);
+  const std::string where = "saving '" + dir.string() + "'";
   const int64_t init = detail::now_ns();
-  const fs::path tmp = detail::begin_tmp_dir(dir);
+  const fs::path tmp = fs::path(dir) += detail::kTmpSuffix;
+  run_together(group, where, [&] {
+    if (!group.is_leader()) return;
+    std::error_code ec;
+    if (fs::exists(dir, ec)) throw IoError("cannot save to '" + dir.string() + "': it already exists");
+    detail::begin_tmp_dir(dir);
+  });
   try {
-    detail::write_item(tmp, staged, options);
-    detail::write_file(tmp / detail::kCheckpointMetadata,
-                       detail::checkpoint_metadata_json({}, init, detail::now_ns()), options.durable);
-    detail::commit_tmp_dir(tmp, dir, options.durable);
+    const std::vector<std::string> crcs = gather_together(
+        group, where, [&] { return detail::write_item_blocks(tmp, staged, options, group.index()); });
+    run_together(group, where, [&] {
+      if (!group.is_leader()) return;
+      detail::finish_item(tmp, staged, options, crcs);
+      detail::write_file(tmp / detail::kCheckpointMetadata, detail::checkpoint_metadata_json({}, init, detail::now_ns()),
+                         options.durable);
+      detail::commit_tmp_dir(tmp, dir, options.durable);
+    });
   } catch (...) {
-    fs::remove_all(tmp, ec);  // best effort: a crash instead leaves it for the next cleanup
+    std::error_code ec;
+    if (group.is_leader()) fs::remove_all(tmp, ec);  // best effort: a crash instead leaves it for the next cleanup
     throw;
   }
 }

@@ -84,13 +84,28 @@ fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step) {
 }
 
 CheckpointManager::CheckpointManager(fs::path root, CheckpointManagerOptions options)
-    : root_(std::move(root)), options_(std::move(options)) {
+    : root_(std::move(root)), options_(std::move(options)), group_(std::make_unique<SingleProcessGroup>()) {
+  open();
+}
+
+CheckpointManager::CheckpointManager(const Runtime& rt, fs::path root, CheckpointManagerOptions options)
+    : root_(std::move(root)), options_(std::move(options)), group_(rt.new_process_group()) {
+  open();
+}
+
+void CheckpointManager::open() {
   if (options_.max_to_keep && *options_.max_to_keep < 1) throw ValueError("max_to_keep must be at least 1");
   if (options_.keep_period && *options_.keep_period < 1) throw ValueError("keep_period must be at least 1");
   if (options_.read_only) {
     if (!fs::is_directory(root_)) throw IoError("'" + root_.string() + "' is not a checkpoint directory");
     return;
   }
+  run_together(*group_, "opening the checkpoint directory '" + root_.string() + "'", [&] {
+    if (group_->is_leader()) lock_and_clean();
+  });
+}
+
+void CheckpointManager::lock_and_clean() {
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw IoError("cannot create '" + root_.string() + "': " + ec.message());
@@ -159,24 +174,42 @@ void CheckpointManager::check_request(int64_t step, const std::map<std::string, 
 
 void CheckpointManager::write_step(int64_t step, const StagedState& staged,
                                    const std::map<std::string, std::string>& json_items) {
+  ProcessGroup& g = *group_;
+  if (detail::processes_of(staged).count() != g.count()) {
+    throw ValueError("the state spans " + std::to_string(detail::processes_of(staged).count()) +
+                     " processes, but the CheckpointManager for '" + root_.string() + "' " +
+                     std::to_string(g.count()) + ": construct it with the state's runtime");
+  }
   const bool durable = options_.save.durable;
   const int64_t init = detail::now_ns();
   const fs::path final_dir = step_dir(step);
-  const fs::path tmp = detail::begin_tmp_dir(final_dir);
-  std::map<std::string, std::string> handlers{{kDefaultItem, detail::kPyTreeHandler}};
-  const fs::path state_tmp = detail::begin_tmp_dir(tmp / kDefaultItem);
-  detail::write_item(state_tmp, staged, options_.save);
-  detail::commit_tmp_dir(state_tmp, tmp / kDefaultItem, durable);
-  for (const auto& [name, text] : json_items) {
-    const fs::path item_tmp = detail::begin_tmp_dir(tmp / name);
-    detail::write_file(item_tmp / kJsonFile, text, durable);
-    detail::commit_tmp_dir(item_tmp, tmp / name, durable);
-    handlers[name] = detail::kJsonHandler;
-  }
-  detail::write_file(tmp / detail::kCheckpointMetadata, detail::checkpoint_metadata_json(handlers, init, detail::now_ns()),
-                     durable);
-  detail::commit_tmp_dir(tmp, final_dir, durable);
-  apply_retention(step);
+  const fs::path tmp = fs::path(final_dir) += detail::kTmpSuffix;
+  const fs::path state_tmp = (tmp / kDefaultItem) += detail::kTmpSuffix;
+  const std::string where = "saving step " + std::to_string(step) + " to '" + root_.string() + "'";
+  run_together(g, where, [&] {
+    if (!g.is_leader()) return;
+    detail::begin_tmp_dir(final_dir);
+    detail::begin_tmp_dir(tmp / kDefaultItem);
+  });
+  const std::vector<std::string> crcs =
+      gather_together(g, where, [&] { return detail::write_item_blocks(state_tmp, staged, options_.save, g.index()); });
+  // Process 0 commits once every process's blocks are durable; a crash before leaves no step.
+  run_together(g, where, [&] {
+    if (!g.is_leader()) return;
+    detail::finish_item(state_tmp, staged, options_.save, crcs);
+    detail::commit_tmp_dir(state_tmp, tmp / kDefaultItem, durable);
+    std::map<std::string, std::string> handlers{{kDefaultItem, detail::kPyTreeHandler}};
+    for (const auto& [name, text] : json_items) {
+      const fs::path item_tmp = detail::begin_tmp_dir(tmp / name);
+      detail::write_file(item_tmp / kJsonFile, text, durable);
+      detail::commit_tmp_dir(item_tmp, tmp / name, durable);
+      handlers[name] = detail::kJsonHandler;
+    }
+    detail::write_file(tmp / detail::kCheckpointMetadata,
+                       detail::checkpoint_metadata_json(handlers, init, detail::now_ns()), durable);
+    detail::commit_tmp_dir(tmp, final_dir, durable);
+    apply_retention(step);
+  });
 }
 
 void CheckpointManager::apply_retention(int64_t just_saved) {

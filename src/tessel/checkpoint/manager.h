@@ -3,7 +3,8 @@
 // and named JSON items beside it (a data iterator's position, say) in `<item>/metadata`.
 //
 // One manager writes to a root at a time (a lock file, `<root>/.tessel-lock`); opening it removes
-// what a crashed save left (`*.orbax-checkpoint-tmp`). Steps appear only when complete. After each
+// what a crashed save left (`*.orbax-checkpoint-tmp`). Across processes (MPI), every process opens
+// the manager with the runtime; each writes its own blocks and process 0 commits. Steps appear only when complete. After each
 // save the oldest steps go beyond max_to_keep, except multiples of keep_period.
 //
 //   tessel::CheckpointManager ckpt("ckpt/", {.max_to_keep = 3});
@@ -17,12 +18,14 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/runtime/process_group.h"
 
 namespace tessel {
 
@@ -45,6 +48,10 @@ class CheckpointManager {
  public:
   // Creates `root` unless read_only. Throws IoError when another manager holds the lock.
   explicit CheckpointManager(std::filesystem::path root, CheckpointManagerOptions options = {});
+  // For a runtime of several processes (MPI): every process constructs its manager at the same
+  // point of its program. Process 0 locks and cleans the root and commits each step after every
+  // process has written its blocks; an error on one is thrown on all.
+  CheckpointManager(const Runtime& rt, std::filesystem::path root, CheckpointManagerOptions options = {});
   ~CheckpointManager();  // waits for a save in flight; its error, if any, goes to stderr
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -68,6 +75,8 @@ class CheckpointManager {
   const std::filesystem::path& root() const { return root_; }
 
  private:
+  void open();            // checks the options; locks and cleans the root (process 0)
+  void lock_and_clean();
   void write_step(int64_t step, const StagedState& staged, const std::map<std::string, std::string>& json_items);
   void apply_retention(int64_t just_saved);
   void check_request(int64_t step, const std::map<std::string, std::string>& json_items);
@@ -75,6 +84,7 @@ class CheckpointManager {
 
   std::filesystem::path root_;
   CheckpointManagerOptions options_;
+  std::unique_ptr<ProcessGroup> group_;  // this manager's own: saves may run in the background
   int lock_fd_ = -1;
   std::thread background_;
   std::exception_ptr background_error_;

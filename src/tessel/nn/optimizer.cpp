@@ -8,6 +8,7 @@
 #include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/vmath.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/runtime/worker_pool.h"
 
@@ -85,30 +86,51 @@ State init_optimizer(const OptimizerConfig& config, const State& params) {
 }
 
 double global_norm(const std::map<std::string, Array>& arrays) {
-  double total = 0;
+  if (arrays.empty()) return 0;
+  // One partial sum per shard (replica 0 only), added in shard order: the same bits whichever
+  // process computed which partial.
+  std::vector<double> partial;
   for (const auto& entry : arrays) {
     const std::string& path = entry.first;  // named, not bound: lambdas below capture it
     const Array& a = entry.second;
     const std::span<const Shard> shards = a.shards();
-    std::vector<double> partial(shards.size(), 0.0);
+    const size_t at = partial.size();
+    partial.resize(at + shards.size(), 0.0);
     a.runtime().pool().parallel_for(static_cast<int64_t>(shards.size()), [&](int64_t i) {
       const Shard& s = shards[static_cast<size_t>(i)];
       if (s.replica_id != 0 || !s.is_addressable()) return;
       const int64_t n = s.box.volume();
+      double& out = partial[at + static_cast<size_t>(i)];
       dispatch(a.dtype(), path, [&](auto zero) {
         using T = decltype(zero);
         const T* x = reinterpret_cast<const T*>(s.buffer.data());
         if constexpr (std::is_same_v<T, float>) {
-          partial[static_cast<size_t>(i)] = ops::detail::sum_squares_f32(x, n);
+          out = ops::detail::sum_squares_f32(x, n);
         } else {
           double sum = 0;
           for (int64_t k = 0; k < n; ++k) sum += x[k] * x[k];
-          partial[static_cast<size_t>(i)] = sum;
+          out = sum;
         }
       });
     });
-    for (double p : partial) total += p;
   }
+  // Across processes each partial is non-zero on the one process that holds its replica 0.
+  ProcessGroup& group = arrays.begin()->second.runtime().processes();
+  if (group.count() > 1) {
+    const std::string mine(reinterpret_cast<const char*>(partial.data()), partial.size() * sizeof(double));
+    std::vector<double> sum(partial.size(), 0.0);
+    for (const std::string& theirs : group.all_gather(mine, "the global gradient norm")) {
+      if (theirs.size() != mine.size()) throw Error("the global gradient norm: the processes hold different gradients");
+      for (size_t i = 0; i < sum.size(); ++i) {
+        double v = 0;
+        std::memcpy(&v, theirs.data() + i * sizeof(double), sizeof(double));
+        sum[i] += v;
+      }
+    }
+    partial = std::move(sum);
+  }
+  double total = 0;
+  for (double p : partial) total += p;
   return std::sqrt(total);
 }
 

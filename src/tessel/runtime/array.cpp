@@ -1,12 +1,15 @@
 #include "tessel/runtime/array.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
+#include "tessel/runtime/communicator.h"
 #include "tessel/runtime/detail/array_builder.h"
 #include "tessel/runtime/worker_pool.h"
 
@@ -183,6 +186,94 @@ Array make_array_from_device_callback(const Runtime& rt, const Shape& shape, DTy
   return std::move(b).finish();
 }
 
+namespace {
+
+// Each dimension's global size from a process's part: the part times the dimension's blocks,
+// divided by how many of them this process's devices hold.
+Shape infer_global_shape(const Runtime& rt, const NamedSharding& sharding, const Shape& local) {
+  std::vector<int64_t> blocks(local.rank()), dims(local.rank());
+  for (size_t d = 0; d < local.rank(); ++d) blocks[d] = sharding.num_blocks(d);
+  const Shape unit(blocks);  // one element per block: a device's box starts at its block index
+  std::vector<std::set<int64_t>> held(local.rank());
+  for (int64_t device : sharding.mesh().device_ids()) {
+    if (!rt.is_addressable(device)) continue;
+    const Box b = sharding.device_box(device, unit);
+    for (size_t d = 0; d < local.rank(); ++d) held[d].insert(b.start(d));
+  }
+  for (size_t d = 0; d < local.rank(); ++d) {
+    const auto parts = static_cast<int64_t>(held[d].size());
+    if (parts == 0) throw ValueError("this process holds no device of " + sharding.mesh().to_string());
+    if (local.dims()[d] * blocks[d] % parts != 0) {
+      throw ValueError(fmt::format("local data of shape {}: dimension {} ({}) is not {} of {} blocks", local.to_string(), d,
+                                   local.dims()[d], parts, blocks[d]));
+    }
+    dims[d] = local.dims()[d] * blocks[d] / parts;
+  }
+  return Shape(dims);
+}
+
+}  // namespace
+
+Array make_array_from_process_local_data(const Runtime& rt, const NamedSharding& sharding, const HostArray& local,
+                                         std::optional<Shape> global_shape, std::string label) {
+  rt.check_mesh(sharding.mesh());
+  const Shape shape = global_shape ? *global_shape : infer_global_shape(rt, sharding, local.shape());
+  if (shape.rank() != local.shape().rank()) {
+    throw ValueError(fmt::format("local data of shape {} cannot be part of global shape {}", local.shape().to_string(),
+                                 shape.to_string()));
+  }
+  // The box this process's blocks cover, which the local data must be exactly.
+  std::vector<int64_t> lo(shape.rank(), INT64_MAX), hi(shape.rank(), 0);
+  int64_t covered = 0;
+  for (const ShardPlacement& p : sharding.distinct_shards(shape)) {
+    if (std::none_of(p.devices.begin(), p.devices.end(), [&](int64_t d) { return rt.is_addressable(d); })) continue;
+    covered += p.box.volume();
+    for (size_t d = 0; d < shape.rank(); ++d) {
+      lo[d] = std::min(lo[d], p.box.start(d));
+      hi[d] = std::max(hi[d], p.box.stop(d));
+    }
+  }
+  if (covered == 0) throw ValueError("this process holds no device of " + sharding.mesh().to_string());
+  const Box part(lo, hi);
+  if (part.volume() != covered) {
+    throw ValueError(fmt::format("the blocks of process {} under {} for global shape {} do not form one box, so no "
+                                 "local array can hold them",
+                                 rt.process_index(), sharding.to_string(), shape.to_string()));
+  }
+  if (!(part.shape() == local.shape())) {
+    throw ValueError(fmt::format("process {} holds {} of global shape {}: its local data must have shape {}, not {}",
+                                 rt.process_index(), part.to_string(), shape.to_string(), part.shape().to_string(),
+                                 local.shape().to_string()));
+  }
+  const size_t item = item_size(local.dtype());
+  return make_array_from_callback(
+      rt, shape, local.dtype(), sharding,
+      [&](const Box& box, std::span<std::byte> out) { copy_region(local.bytes().data(), part, out.data(), box, box, item); },
+      std::move(label));
+}
+
+std::optional<HostArray> gather(const Array& array, int root) {
+  const Runtime& rt = array.runtime();
+  if (root < 0 || root >= rt.process_count()) {
+    throw ValueError(fmt::format("gather({}): process {} does not exist; there are {}", array.display_name(), root,
+                                 rt.process_count()));
+  }
+  if (rt.process_count() == 1) return to_host(array);
+  int64_t at = 0;  // the root's first device receives, into host memory
+  while (rt.device(at).process_index() != root) ++at;
+  std::optional<HostArray> host;
+  if (rt.process_index() == root) host.emplace(array.shape(), array.dtype());
+  const Box whole = Box::full(array.shape());
+  std::vector<CopyTask> tasks;
+  for (const ShardPlacement& block : array.sharding().distinct_shards(array.shape())) {
+    const Shard& src = array.shard(block.devices.front());  // replica 0
+    tasks.push_back({src.device, src.is_addressable() ? src.buffer.data() : nullptr, src.box, at,
+                     host ? host->mutable_bytes().data() : nullptr, whole, src.box});
+  }
+  rt.communicator().copy(tasks, array.dtype());
+  return host;
+}
+
 HostArray to_host(const Array& array) {
   HostArray host(array.shape(), array.dtype());
   const Box whole = Box::full(array.shape());
@@ -194,7 +285,7 @@ HostArray to_host(const Array& array) {
       if (!src && array.shard(d).is_addressable()) src = &array.shard(d);
     if (!src)
       throw ValueError(fmt::format("to_host({}): block {} is held only by devices of other "
-                                   "processes; gather it first", array.display_name(),
+                                   "processes; gather() it", array.display_name(),
                                    block.box.to_string()));
     sources.push_back(src);
   }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -103,8 +104,20 @@ Array make_array_from_device_callback(const Runtime& rt, const Shape& shape, DTy
                                       const NamedSharding& sharding, const DeviceBoxFiller& fill,
                                       std::string label = {});
 
+// As JAX's make_array_from_process_local_data: every process passes its part of the global array,
+// `local`, which is the box its devices' blocks cover together (its rows of a batch sharded over
+// the processes). `global_shape` defaults to local's shape times the number of parts each
+// dimension has across processes. Throws ValueError when the process's blocks do not form one
+// box of local's shape.
+Array make_array_from_process_local_data(const Runtime& rt, const NamedSharding& sharding, const HostArray& local,
+                                         std::optional<Shape> global_shape = std::nullopt, std::string label = {});
+
 // The global array, assembled from replica 0 of every block. Throws ValueError when some block
-// is held only by other processes.
+// is held only by other processes: gather() it instead.
 HostArray to_host(const Array& array);
+
+// The global array on process `root`, nullopt on the others. Every process calls it; each block
+// travels once, from its replica 0, to root, so only root ever holds the whole array.
+std::optional<HostArray> gather(const Array& array, int root = 0);
 
 }  // namespace tessel

@@ -9,9 +9,13 @@
 #include "tessel/core/error.h"
 #include "tessel/runtime/detail/kernels.h"
 #include "tessel/runtime/device.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/worker_pool.h"
 
 namespace tessel {
+
+std::unique_ptr<ProcessGroup> Communicator::new_process_group() { return std::make_unique<SingleProcessGroup>(); }
+
 namespace {
 
 // Below this many bytes in one call the pool's wake-up costs more than it saves.

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -20,6 +21,7 @@
 namespace tessel {
 
 class Device;
+class ProcessGroup;
 class WorkerPool;
 
 enum class Reduction { kSum, kMax, kMin, kMean };
@@ -56,6 +58,9 @@ class Communicator {
   // Runs every task; returns when all are done. Tasks must not write overlapping bytes.
   virtual void copy(std::span<const CopyTask> tasks, DType dtype) = 0;
   virtual void reduce(std::span<const ReduceTask> tasks, DType dtype, Reduction op) = 0;
+  // A new group of the processes, independent of every other (a thread may use one while another
+  // thread uses another). Every process must create its groups in the same order.
+  virtual std::unique_ptr<ProcessGroup> new_process_group();
 };
 
 // One process: tasks run on the worker pool as direct memory copies, large ones split so every

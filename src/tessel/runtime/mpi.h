@@ -12,35 +12,41 @@
 //   }
 #pragma once
 
-#include <string>
+#include <chrono>
+#include <memory>
 
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/runtime.h"
 
 namespace tessel {
 
-// Initializes MPI for this process (threads may call MPI one at a time) and finalizes it at the
-// end. One per process; throws Error if MPI is already initialized or fails to start.
+// Initializes MPI for this process (any thread may call it) and finalizes it at the end. One per
+// process; throws Error if MPI is already initialized or fails to start.
 class MpiSession {
  public:
+  MpiSession();
   MpiSession(int& argc, char**& argv);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Call after an error this process reports, before it ends. If the other processes failed
+  // too, all end normally; if one of them does not arrive within `grace` (it is still working,
+  // or waiting for this one), the whole job is aborted (MPI_Abort) rather than left hanging.
+  void end_after_error(std::chrono::seconds grace = std::chrono::seconds(10));
 
  private:
+  MpiSession(int* argc, char*** argv);
   int rank_ = 0;
   int size_ = 1;
+  std::unique_ptr<ProcessGroup> ending_;
 };
 
 // The runtime of this rank: options.devices devices on each of MPI_COMM_WORLD's ranks. Needs a
 // live MpiSession. Every rank must pass the same options.devices; a difference is reported on
-// every rank (ValueError naming the counts) before anything else runs.
+// every rank (ValueError naming the counts) before anything else runs. Its processes() meet
+// within options.meeting_timeout or fail, naming who is missing.
 Runtime mpi_runtime(RuntimeOptions options = {});
-
-// Throws ValueError on every rank unless all ranks pass the same `text` (a configuration: mesh,
-// model, rules), naming `what` and the first rank that differs from rank 0.
-void check_same_on_all_ranks(const std::string& text, const std::string& what);
 
 }  // namespace tessel

@@ -10,6 +10,7 @@
 #include "tessel/core/error.h"
 #include "tessel/runtime/communicator.h"
 #include "tessel/runtime/device.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/worker_pool.h"
 
 namespace tessel {
@@ -23,6 +24,7 @@ struct Runtime::Impl {
   std::vector<Device*> device_ptrs;
   WorkerPool pool;
   std::unique_ptr<Communicator> communicator;
+  std::unique_ptr<ProcessGroup> processes;
   int process_index = 0;
   int process_count = 1;
 
@@ -93,6 +95,7 @@ Runtime Runtime::multi_process(RuntimeOptions options, int process_index, int pr
     impl->device_ptrs.push_back(impl->devices.back().get());
   }
   impl->communicator = make_communicator(impl->pool, impl->device_ptrs);
+  impl->processes = impl->communicator->new_process_group();
   return Runtime(std::move(impl));
 }
 
@@ -106,6 +109,8 @@ bool Runtime::is_addressable(int64_t id) const {
 
 WorkerPool& Runtime::pool() const { return impl_->pool; }
 Communicator& Runtime::communicator() const { return *impl_->communicator; }
+ProcessGroup& Runtime::processes() const { return *impl_->processes; }
+std::unique_ptr<ProcessGroup> Runtime::new_process_group() const { return impl_->communicator->new_process_group(); }
 
 void Runtime::check_mesh(const Mesh& mesh) const {
   for (int64_t id : mesh.device_ids())

@@ -6,6 +6,7 @@
 //   auto x = tessel::device_put(rt, host, tessel::NamedSharding(mesh, {{"fsdp"}}));
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,12 +20,15 @@ namespace tessel {
 
 class Communicator;
 class Device;
+class ProcessGroup;
 class WorkerPool;
 
 struct RuntimeOptions {
   int64_t devices = 0;                  // 0: $TESSEL_DEVICES, else 8
   std::optional<int64_t> memory_limit;  // bytes per device; none by default
   int threads = 0;                      // worker threads; 0: the machine's cores
+  // Several processes: how long one waits at a meeting point (ProcessGroup) for the others.
+  std::chrono::seconds meeting_timeout{600};
 };
 
 class Runtime {
@@ -52,6 +56,10 @@ class Runtime {
   bool is_addressable(int64_t device) const;  // owned by this process
   WorkerPool& pool() const;
   Communicator& communicator() const;
+  // The processes of this runtime, for the calling thread that drives the devices. Another thread
+  // (a background checkpoint save) takes a group of its own from new_process_group().
+  ProcessGroup& processes() const;
+  std::unique_ptr<ProcessGroup> new_process_group() const;
 
   // Throws ValueError if the mesh names a device this runtime does not have.
   void check_mesh(const Mesh& mesh) const;

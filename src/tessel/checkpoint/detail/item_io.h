@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/runtime/process_group.h"
 
 namespace tessel::detail {
 
@@ -18,8 +20,18 @@ inline constexpr const char* kPyTreeHandler =
 inline constexpr const char* kJsonHandler =
     "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler";
 
-// Writes the arrays and metadata of a PyTree item into `item_dir`, which must exist and be empty.
-void write_item(const std::filesystem::path& item_dir, const StagedState& staged, const SaveOptions& options);
+// A PyTree item is written by every process of the state's runtime in two parts, into an
+// `item_dir` the leader (process 0) created empty:
+// 1. each process writes its blocks (replica 0 of the blocks its devices hold; the leader also each
+//    array's zarr metadata) and returns the chunks' CRC-32Cs, as JSON;
+std::string write_item_blocks(const std::filesystem::path& item_dir, const StagedState& staged,
+                              const SaveOptions& options, int process);
+// 2. once all have, the leader merges their OCDBT databases and writes the item's metadata, with
+//    every process's checksums (by process index).
+void finish_item(const std::filesystem::path& item_dir, const StagedState& staged, const SaveOptions& options,
+                 const std::vector<std::string>& crcs);
+// The processes that save `staged` together: its runtime's (one process for an empty state).
+ProcessGroup& processes_of(const StagedState& staged);
 
 // The arrays of `state` as they are, without copies: valid while they live.
 StagedState stage_in_place(const State& state);
