@@ -6,7 +6,10 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
-#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -54,7 +57,8 @@ constexpr int kTagLimit = 32767;  // the least MPI_TAG_UB the standard allows
 
 // The messages of one exchange. Each side numbers its messages to and from every peer in the
 // order it posts them, and both sides walk the tasks in the same order, so a message's tag (its
-// number) matches on both ends without any extra handshake.
+// number) matches on both ends without any extra handshake. Bytes are sent from and received into
+// the callers' memory, which must stay put until wait().
 class Exchange {
  public:
   Exchange(MPI_Comm comm, int processes)
@@ -63,17 +67,10 @@ class Exchange {
     // A failure between posting and waiting must not leave MPI writing into freed buffers.
     if (!requests_.empty()) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
   }
-
-  void send(int peer, std::vector<std::byte> bytes) {
-    buffers_.push_back(std::move(bytes));
-    post(peer, buffers_.back(), sent_, true);
+  void send(int peer, std::span<const std::byte> bytes) {
+    post(peer, const_cast<std::byte*>(bytes.data()), bytes.size(), sent_, true);
   }
-  // The buffer the bytes will land in, valid after wait().
-  std::vector<std::byte>& receive(int peer, int64_t size) {
-    buffers_.emplace_back(static_cast<size_t>(size));
-    post(peer, buffers_.back(), received_, false);
-    return buffers_.back();
-  }
+  void receive(int peer, std::span<std::byte> into) { post(peer, into.data(), into.size(), received_, false); }
   void wait() {
     std::vector<MPI_Request> pending = std::move(requests_);
     requests_.clear();
@@ -82,16 +79,16 @@ class Exchange {
   }
 
  private:
-  void post(int peer, std::vector<std::byte>& buf, std::vector<int>& counter, bool is_send) {
+  void post(int peer, std::byte* data, size_t size, std::vector<int>& counter, bool is_send) {
     // Both sides know the size, so both cut the same pieces (none for an empty buffer).
-    for (int64_t at = 0; at < static_cast<int64_t>(buf.size()); at += kMaxMessage) {
-      const int n = static_cast<int>(std::min<int64_t>(kMaxMessage, static_cast<int64_t>(buf.size()) - at));
+    for (int64_t at = 0; at < static_cast<int64_t>(size); at += kMaxMessage) {
+      const int n = static_cast<int>(std::min<int64_t>(kMaxMessage, static_cast<int64_t>(size) - at));
       const int tag = counter[static_cast<size_t>(peer)]++ % kTagLimit;
       MPI_Request r;
       if (is_send) {
-        check(MPI_Isend(buf.data() + at, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
+        check(MPI_Isend(data + at, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
       } else {
-        check(MPI_Irecv(buf.data() + at, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
+        check(MPI_Irecv(data + at, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
       }
       requests_.push_back(r);
     }
@@ -99,19 +96,65 @@ class Exchange {
   MPI_Comm comm_;
   std::vector<int> sent_, received_;
   std::vector<MPI_Request> requests_;
-  std::deque<std::vector<std::byte>> buffers_;  // stable addresses while MPI uses them
 };
 
-std::vector<std::byte> pack(const std::byte* src, const Box& src_box, const Box& region, size_t item) {
-  std::vector<std::byte> out(static_cast<size_t>(region.volume()) * item);
+// Host memory for the pieces that cannot go straight from or into a device buffer, kept from one
+// call to the next: fresh pages would be faulted in (and cleared) for every message.
+class Scratch {
+ public:
+  std::span<std::byte> take(int64_t bytes) {
+    const auto n = static_cast<size_t>(bytes);
+    for (; current_ < blocks_.size(); ++current_, used_ = 0) {
+      Block& b = blocks_[current_];
+      if (b.size - used_ >= n) {
+        std::span<std::byte> out(b.data.get() + used_, n);
+        used_ += (n + 63) / 64 * 64;
+        return out;
+      }
+    }
+    const size_t size = std::max(n, kBlock);
+    blocks_.push_back({std::unique_ptr<std::byte[]>(new std::byte[size]), size});
+    used_ = 0;
+    return take(bytes);
+  }
+  // Every piece taken is free again; blocks beyond kKeep bytes go back to the system.
+  void reset() {
+    size_t kept = 0, i = 0;
+    for (; i < blocks_.size() && kept + blocks_[i].size <= kKeep; ++i) kept += blocks_[i].size;
+    blocks_.resize(i);
+    current_ = used_ = 0;
+  }
+
+ private:
+  static constexpr size_t kBlock = size_t{4} << 20, kKeep = size_t{512} << 20;
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    size_t size;
+  };
+  std::vector<Block> blocks_;
+  size_t current_ = 0, used_ = 0;
+};
+
+// Where `region` starts in a buffer holding `box`, in elements, when the region is one contiguous
+// run of it (a flat piece, whole trailing dimensions): then its bytes go to and from MPI in place.
+std::optional<int64_t> contiguous_offset(const Box& region, const Box& box) {
+  size_t d = 0;
+  while (d < region.rank() && region.extent(d) == 1) ++d;  // leading single rows
+  if (d < region.rank()) ++d;                               // then one partial dimension
+  for (; d < region.rank(); ++d) {
+    if (region.start(d) != box.start(d) || region.stop(d) != box.stop(d)) return std::nullopt;
+  }
+  return box.offset_of(region.starts());
+}
+
+void pack(const std::byte* src, const Box& src_box, const Box& region, size_t item, std::span<std::byte> out) {
   const auto isize = static_cast<int64_t>(item);
   for_each_run(region, src_box, region, [&](int64_t s, int64_t d, int64_t n) {
     std::memcpy(out.data() + d * isize, src + s * isize, static_cast<size_t>(n * isize));
   });
-  return out;
 }
 
-void unpack(const std::vector<std::byte>& in, std::byte* dst, const Box& dst_box, const Box& region, size_t item) {
+void unpack(std::span<const std::byte> in, std::byte* dst, const Box& dst_box, const Box& region, size_t item) {
   const auto isize = static_cast<int64_t>(item);
   for_each_run(region, region, dst_box, [&](int64_t s, int64_t d, int64_t n) {
     std::memcpy(dst + d * isize, in.data() + s * isize, static_cast<size_t>(n * isize));
@@ -233,7 +276,9 @@ class MpiProcessGroup final : public ProcessGroup {
   int rank_ = 0, size_ = 1;
 };
 
-// Bytes within a process move as in one process; bytes between processes by MPI point to point.
+// Bytes within a process move as in one process; bytes between processes by MPI point to point,
+// straight from and into device buffers where the piece is contiguous there. Called by one thread
+// at a time (the one driving the devices).
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(WorkerPool& pool, std::span<Device* const> devices, int rank, int size,
@@ -244,115 +289,115 @@ class MpiCommunicator final : public Communicator {
 
   void copy(std::span<const CopyTask> tasks, DType dtype) override {
     const size_t item = item_size(dtype);
+    scratch_.reset();
     std::vector<CopyTask> local;
-    struct Incoming {
-      const CopyTask* task;
-      std::vector<std::byte>* bytes;
-    };
-    std::vector<Incoming> incoming;
+    std::vector<std::pair<const CopyTask*, std::span<std::byte>>> staged;  // received, still to unpack
     Exchange x(comm_.get(), size_);
     for (const CopyTask& t : tasks) {
       if (t.region.empty()) continue;
       check_region_inside(t.region, t.src_box, t.dst_box, "copy task:");
       const int from = process(t.src_device), to = process(t.dst_device);
+      const int64_t bytes = t.region.volume() * static_cast<int64_t>(item);
       if (from == rank_ && to == rank_) {
         local.push_back(t);
       } else if (to == rank_) {
         need(t.dst, t.dst_device);
-        incoming.push_back({&t, &x.receive(from, t.region.volume() * static_cast<int64_t>(item))});
+        device(t.dst_device).add_received(bytes);
+        if (auto at = contiguous_offset(t.region, t.dst_box)) {
+          x.receive(from, {t.dst + *at * static_cast<int64_t>(item), static_cast<size_t>(bytes)});
+        } else {
+          staged.emplace_back(&t, scratch_.take(bytes));
+          x.receive(from, staged.back().second);
+        }
       } else if (from == rank_) {
         need(t.src, t.src_device);
-        x.send(to, pack(t.src, t.src_box, t.region, item));
+        x.send(to, outgoing(t.src, t.src_box, t.region, item));
       }
     }
     local_.copy(local, dtype);
     x.wait();
-    for (const Incoming& in : incoming) {
-      unpack(*in.bytes, in.task->dst, in.task->dst_box, in.task->region, item);
-      device(in.task->dst_device).add_received(static_cast<int64_t>(in.bytes->size()));
-    }
+    for (const auto& [t, bytes] : staged) unpack(bytes, t->dst, t->dst_box, t->region, item);
   }
 
   void reduce(std::span<const ReduceTask> tasks, DType dtype, Reduction op) override {
     detail::check_reduction(dtype, op);
     const size_t item = item_size(dtype);
+    scratch_.reset();
     // 1. Every input travels to the process of the task's first output, which reduces them in
-    //    input order (the same order, so the same bits, as in one process).
-    struct Owned {
-      const ReduceTask* task;
-      std::vector<std::vector<std::byte>*> inputs;
-    };
-    std::vector<Owned> owned;
-    std::deque<std::vector<std::byte>> packed_here;
+    //    input order (the same order, so the same bits, as in one process). One input from another
+    //    process may land in the first output itself: the kernel reads each slice before writing it.
+    std::vector<ReduceTask> here;
     Exchange gather(comm_.get(), size_);
     for (const ReduceTask& t : tasks) {
       if (t.region.empty()) continue;
       check_region_inside(t.region, t.in_box, t.out_box, "reduce task:");
       if (t.inputs.empty() || t.outputs.empty()) throw ValueError("reduce task without inputs or outputs");
-      const int owner = process(t.outputs.front().first);
+      const auto& [first_dev, first] = t.outputs.front();
+      const int owner = process(first_dev);
       const int64_t bytes = t.region.volume() * static_cast<int64_t>(item);
-      if (owner == rank_) {
-        Owned o{&t, {}};
-        for (const auto& [dev, data] : t.inputs) {
-          if (process(dev) == rank_) {
-            need(data, dev);
-            packed_here.push_back(pack(data, t.in_box, t.region, item));
-            o.inputs.push_back(&packed_here.back());
-          } else {
-            o.inputs.push_back(&gather.receive(process(dev), bytes));
-          }
-        }
-        owned.push_back(std::move(o));
-      } else {
+      if (owner != rank_) {
         for (const auto& [dev, data] : t.inputs) {
           if (process(dev) != rank_) continue;
           need(data, dev);
-          gather.send(owner, pack(data, t.in_box, t.region, item));
+          gather.send(owner, outgoing(data, t.in_box, t.region, item));
         }
+        continue;
       }
-    }
-    gather.wait();
-    std::vector<ReduceTask> here;
-    for (const Owned& o : owned) {
-      ReduceTask r{{}, o.task->region, {}, o.task->out_box, o.task->region};
-      for (size_t k = 0; k < o.inputs.size(); ++k) r.inputs.emplace_back(o.task->inputs[k].first, o.inputs[k]->data());
-      for (const auto& [dev, data] : o.task->outputs) {
+      need(first, first_dev);
+      std::byte* landing = nullptr;  // where the first input from elsewhere may go: the result's place
+      if (auto at = contiguous_offset(t.region, t.out_box)) {
+        landing = first + *at * static_cast<int64_t>(item);
+        if (overlaps_an_input(t, landing, bytes, item)) landing = nullptr;
+      }
+      ReduceTask r{{}, t.region, {}, t.out_box, t.region};
+      for (const auto& [dev, data] : t.inputs) {
+        if (process(dev) == rank_) {
+          need(data, dev);
+          r.inputs.emplace_back(dev, outgoing(data, t.in_box, t.region, item).data());
+          continue;
+        }
+        std::span<std::byte> into = landing ? std::span<std::byte>(landing, static_cast<size_t>(bytes)) : scratch_.take(bytes);
+        landing = nullptr;
+        gather.receive(process(dev), into);
+        device(first_dev).add_received(bytes);
+        r.inputs.emplace_back(dev, into.data());
+      }
+      for (const auto& [dev, data] : t.outputs) {
         if (process(dev) != rank_) continue;
         need(data, dev);
         r.outputs.emplace_back(dev, data);
       }
       here.push_back(std::move(r));
     }
+    gather.wait();
     local_.reduce(here, dtype, op);
     // 2. The result goes from the first output to the outputs in other processes.
-    struct Incoming {
-      const ReduceTask* task;
-      std::byte* dst;
-      int64_t device;
-      std::vector<std::byte>* bytes;
-    };
-    std::vector<Incoming> incoming;
+    std::vector<std::tuple<const ReduceTask*, std::byte*, std::span<std::byte>>> staged;
     Exchange scatter(comm_.get(), size_);
     for (const ReduceTask& t : tasks) {
       if (t.region.empty()) continue;
       const auto& [first_dev, first] = t.outputs.front();
       const int owner = process(first_dev);
+      const int64_t bytes = t.region.volume() * static_cast<int64_t>(item);
       for (const auto& [dev, data] : t.outputs) {
         const int p = process(dev);
         if (p == owner) continue;
         if (owner == rank_) {
-          scatter.send(p, pack(first, t.out_box, t.region, item));
+          scatter.send(p, outgoing(first, t.out_box, t.region, item));
         } else if (p == rank_) {
           need(data, dev);
-          incoming.push_back({&t, data, dev, &scatter.receive(owner, t.region.volume() * static_cast<int64_t>(item))});
+          device(dev).add_received(bytes);
+          if (auto at = contiguous_offset(t.region, t.out_box)) {
+            scatter.receive(owner, {data + *at * static_cast<int64_t>(item), static_cast<size_t>(bytes)});
+          } else {
+            staged.emplace_back(&t, data, scratch_.take(bytes));
+            scatter.receive(owner, std::get<2>(staged.back()));
+          }
         }
       }
     }
     scatter.wait();
-    for (const Incoming& in : incoming) {
-      unpack(*in.bytes, in.dst, in.task->out_box, in.task->region, item);
-      device(in.device).add_received(static_cast<int64_t>(in.bytes->size()));
-    }
+    for (const auto& [t, dst, bytes] : staged) unpack(bytes, dst, t->out_box, t->region, item);
   }
 
  private:
@@ -362,11 +407,34 @@ class MpiCommunicator final : public Communicator {
     if (!data) throw ValueError(fmt::format("device {} belongs to this process, but its buffer is missing", id));
   }
 
+  // The bytes of `region` in a buffer holding `box`: in place when contiguous, else packed into
+  // scratch memory (valid until the next call).
+  std::span<const std::byte> outgoing(const std::byte* data, const Box& box, const Box& region, size_t item) {
+    const int64_t bytes = region.volume() * static_cast<int64_t>(item);
+    if (auto at = contiguous_offset(region, box)) {
+      return {data + *at * static_cast<int64_t>(item), static_cast<size_t>(bytes)};
+    }
+    std::span<std::byte> out = scratch_.take(bytes);
+    pack(data, box, region, item, out);
+    return out;
+  }
+
+  // Whether bytes [at, at + n) share memory with one of the task's input buffers on this process.
+  bool overlaps_an_input(const ReduceTask& t, const std::byte* at, int64_t n, size_t item) const {
+    for (const auto& [dev, data] : t.inputs) {
+      if (process(dev) != rank_ || !data) continue;
+      const std::byte* end = data + t.in_box.volume() * static_cast<int64_t>(item);
+      if (at < end && data < at + n) return true;
+    }
+    return false;
+  }
+
   InProcessCommunicator local_;
   std::vector<Device*> devices_;
   int rank_, size_;
   std::chrono::seconds timeout_;
   OwnedComm comm_;
+  Scratch scratch_;
 };
 
 }  // namespace
