@@ -132,14 +132,14 @@ def kill(work):
                      "--batch", "8", "--seq", "64", "--checkpoint-dir", ckpt, "--checkpoint-every", "1",
                      "--keep", "2", "--devices-per-process", "4"]
         job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        victim = rng.choice([0, 1])
+        victim, after = rng.choice([0, 1]), rng.randint(2, 6)
         deadline = time.time() + 120
         pids = {}
-        # Wait for two committed steps, then for a save in progress, and kill one process in it.
+        # Wait for step `after` to be committed, then for a save in progress, and kill one process in it.
         while time.time() < deadline:
             names = os.listdir(ckpt) if os.path.isdir(ckpt) else []
-            steps = [n for n in names if n.isdigit()]
-            if len(steps) >= 2 and any(n.endswith(".orbax-checkpoint-tmp") for n in names):
+            steps = [int(n) for n in names if n.isdigit()]
+            if steps and max(steps) >= after and any(n.endswith(".orbax-checkpoint-tmp") for n in names):
                 pids = rank_pids(job.pid)
                 if victim in pids:
                     os.kill(pids[victim], signal.SIGKILL)
@@ -178,7 +178,20 @@ def mismatch(work):
     p = run(MPI + ["-np", "2", TESSEL, "train", "--steps", "1"], expect=None, timeout=120)
     check(p.returncode != 0 and "give --devices-per-process" in p.stderr,
           f"a job started without --devices-per-process was not refused:\n{p.stderr}")
-    print("mismatch: both processes name the differing configuration")
+    # A failure on one process alone (its working directory lacks the text): the job ends, it does
+    # not wait forever for that process.
+    os.makedirs(f"{work}/a")
+    os.makedirs(f"{work}/b")
+    shutil.copy("/usr/share/common-licenses/GPL-3", f"{work}/a/text.txt")
+    args = [TESSEL, "train", "--steps", "50", "--data", "text.txt", "--devices-per-process", "4"]
+    start = time.time()
+    p = run(MPI + ["-np", "1", "-wdir", f"{work}/a"] + args + [":", "-np", "1", "-wdir", f"{work}/b"] + args,
+            expect=None, timeout=120)
+    check(p.returncode != 0, "a job where one process failed exited 0")
+    check("tessel: error: process 1 of 2:" in p.stderr and "text.txt" in p.stderr,
+          f"process 1 did not report its failure:\n{p.stderr}")
+    print(f"mismatch: both processes name the differing configuration; a lone failure ended the job in "
+          f"{time.time() - start:.0f} s")
 
 
 def main():
