@@ -216,7 +216,8 @@ void train(const TrainArgs& a) {
     metrics.open(a.metrics, a.resume ? std::ios::app : std::ios::trunc);
     if (!metrics) throw IoError("cannot write the metrics file " + a.metrics);
   }
-  const bool tty = leader && isatty(STDOUT_FILENO) != 0;
+  // Under mpirun stdout is a pty whatever mpirun's own output is: print whole lines there.
+  const bool tty = rt.process_count() == 1 && isatty(STDOUT_FILENO) != 0;
   const int64_t tokens_per_step = a.batch * (lm ? a.seq : 1);
   const auto begin = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN;
