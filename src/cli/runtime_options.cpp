@@ -64,12 +64,13 @@ Runtime make_runtime(const RuntimeArgs& args) {
   if (args.meeting_timeout < 1) {
     throw ValueError(fmt::format("--meeting-timeout must be at least 1 second, got {}", args.meeting_timeout));
   }
-  if (!session()) session() = std::make_unique<MpiSession>();
-  const int processes = session()->size();
+  // Checked before MPI starts, from what mpirun told this process.
+  const int processes = launched_processes();
   if (args.devices && *args.devices != k * processes) {
     throw ValueError(fmt::format("--devices {} does not match {} processes x --devices-per-process {}", *args.devices,
                                  processes, k));
   }
+  if (!session()) session() = std::make_unique<MpiSession>();
   options.devices = k;
   options.meeting_timeout = std::chrono::seconds(args.meeting_timeout);
   return mpi_runtime(options);

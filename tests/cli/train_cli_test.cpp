@@ -91,6 +91,12 @@ TEST(TrainCli, BadInputIsOneLine) {
   expect_one_line_error(run(m + "--lr -1"), 1, "--lr must be a positive number");
   expect_one_line_error(run(m + "--optimizer lion"), 1, "--optimizer must be adamw or sgd");
   expect_one_line_error(run("train --model " + model.string() + " --seq 100000"), 1, "needs at least 100001");
+  expect_one_line_error(run(m + "--devices-per-process 0"), 1, "--devices-per-process must be at least 1, got 0");
+  expect_one_line_error(run(m + "--devices-per-process 8 --meeting-timeout 0"), 1,
+                        "--meeting-timeout must be at least 1 second, got 0");
+  // Started without mpirun: the job has one process.
+  expect_one_line_error(run(m + "--devices 6 --devices-per-process 4"), 1,
+                        "--devices 6 does not match 1 processes x --devices-per-process 4");
   const auto ckpt = dir.path() / "ckpt";
   ASSERT_EQ(run(m + "--steps 0 --checkpoint-dir " + ckpt.string()).rc, 0);
   expect_one_line_error(run(m + "--steps 2 --checkpoint-dir " + ckpt.string()), 1, "pass --resume");
