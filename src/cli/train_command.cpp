@@ -70,17 +70,25 @@ std::string plan_summary(const nn::Trainer& t, const State& abstract, const Trai
   return out;
 }
 
-std::string file_text(const std::string& path) {
+// A digest of a file's contents (FNV-1a), "" for no file: enough to tell two copies apart.
+std::string file_digest(const std::string& path) {
   if (path.empty()) return "";
   std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  if (!in) return "unreadable";
+  uint64_t h = 14695981039346656037ull;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
 }
 
 // What every process must agree on before training together: the arguments and the files they name.
 nlohmann::json configuration(const TrainArgs& a) {
-  return nlohmann::json{{"model", a.model},   {"model_text", file_text(a.model)},
-                   {"rules", a.rules},   {"rules_text", file_text(a.rules)},
-                   {"mesh", a.mesh},     {"data", a.data},
+  const std::string data = a.data.empty() ? nn::ByteDataset::default_path().string() : a.data;
+  return nlohmann::json{{"model", a.model},   {"model_file", file_digest(a.model)},
+                   {"rules", a.rules},   {"rules_file", file_digest(a.rules)},
+                   {"mesh", a.mesh},     {"data", a.data}, {"data_file", file_digest(data)},
                    {"checkpoint_dir", a.checkpoint_dir}, {"optimizer", a.optimizer},
                    {"steps", a.steps},   {"batch", a.batch}, {"seq", a.seq}, {"warmup", a.warmup},
                    {"checkpoint_every", a.checkpoint_every}, {"keep", a.keep}, {"lr", a.lr}, {"clip", a.clip},
@@ -106,7 +114,7 @@ void check_same_configuration(ProcessGroup& group, const TrainArgs& a) {
         std::replace(k.begin(), k.end(), '_', '-');
         return "--" + k;
       };
-      if (key.ends_with("_text")) {
+      if (key.ends_with("_file")) {
         throw ValueError(fmt::format("the training configuration differs between processes: the file {} names has "
                                      "other contents on process {} than on process 0",
                                      flag(key.substr(0, key.size() - 5)), p));

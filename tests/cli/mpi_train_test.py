@@ -178,18 +178,27 @@ def mismatch(work):
     p = run(MPI + ["-np", "2", TESSEL, "train", "--steps", "1"], expect=None, timeout=120)
     check(p.returncode != 0 and "give --devices-per-process" in p.stderr,
           f"a job started without --devices-per-process was not refused:\n{p.stderr}")
-    # A failure on one process alone (its working directory lacks the text): the job ends, it does
-    # not wait forever for that process.
-    os.makedirs(f"{work}/a")
-    os.makedirs(f"{work}/b")
-    shutil.copy("/usr/share/common-licenses/GPL-3", f"{work}/a/text.txt")
-    args = [TESSEL, "train", "--steps", "50", "--data", "text.txt", "--devices-per-process", "4"]
+    # The same path naming different texts on the two processes (their working directories).
+    for d, text in (("a", "the first text " * 40), ("b", "another text " * 40)):
+        os.makedirs(f"{work}/{d}")
+        with open(f"{work}/{d}/text.txt", "w") as f:
+            f.write(text)
+    args = [TESSEL, "train", "--steps", "50", "--seq", "16", "--data", "text.txt", "--devices-per-process", "4"]
+    p = run(MPI + ["-np", "1", "-wdir", f"{work}/a"] + args + [":", "-np", "1", "-wdir", f"{work}/b"] + args,
+            expect=None, timeout=120)
+    for rank in (0, 1):
+        check(f"process {rank} of 2: the training configuration differs between processes: the file --data names "
+              "has other contents on process 1" in p.stderr, f"process {rank} did not report the other text:\n{p.stderr}")
+    # A failure on process 0 alone (its working directory lacks the metrics directory) while
+    # process 1 trains: the job ends, it does not wait forever.
+    os.makedirs(f"{work}/b/m")
+    args = [TESSEL, "train", "--steps", "50", "--metrics", "m/metrics.jsonl", "--devices-per-process", "4"]
     start = time.time()
     p = run(MPI + ["-np", "1", "-wdir", f"{work}/a"] + args + [":", "-np", "1", "-wdir", f"{work}/b"] + args,
             expect=None, timeout=120)
     check(p.returncode != 0, "a job where one process failed exited 0")
-    check("tessel: error: process 1 of 2:" in p.stderr and "text.txt" in p.stderr,
-          f"process 1 did not report its failure:\n{p.stderr}")
+    check("tessel: error: process 0 of 2: cannot write the metrics file" in p.stderr,
+          f"process 0 did not report its failure:\n{p.stderr}")
     print(f"mismatch: both processes name the differing configuration; a lone failure ended the job in "
           f"{time.time() - start:.0f} s")
 
