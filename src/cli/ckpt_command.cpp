@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/manager.h"
+#include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
 #include "tessel/runtime/device.h"
@@ -25,6 +26,7 @@ namespace fs = std::filesystem;
 struct CkptArgs {
   std::string dir, dst, mesh, rules, paths, path, out, compression = "none";
   std::optional<int64_t> step;
+  std::optional<std::string> item;
   bool json = false;
   int64_t staging_mb = 256;
   RuntimeArgs runtime;
@@ -44,23 +46,34 @@ std::string logical_text(const Partitioning& p) {
   return s + ")";
 }
 
+// "StandardCheckpointHandler" for "orbax.checkpoint._src.handlers.standard_checkpoint_handler.StandardCheckpointHandler".
+std::string short_handler(const std::string& handler) {
+  const size_t dot = handler.rfind('.');
+  return dot == std::string::npos ? handler : handler.substr(dot + 1);
+}
+
 void info(const CkptArgs& a) {
   nlohmann::json j;
   std::string text;
   const fs::path root(a.dir);
-  const fs::path item = find_item_dir(root, a.step);
-  std::vector<int64_t> steps;
-  if (item != root && item.parent_path() != root) steps = list_steps(root);
-  if (!steps.empty()) {
-    j["steps"] = steps;
-    text += fmt::format("steps: {} (latest {})\n", fmt::join(steps, ", "), steps.back());
-    std::vector<std::string> items;
-    for (const auto& e : fs::directory_iterator(item.parent_path())) {
-      if (e.is_directory()) items.push_back(e.path().filename().string());
+  const fs::path item = find_item_dir(root, a.step, a.item);
+  // The step directory the item is in, when it is in one (not when DIR is the item itself).
+  if (item != root) {
+    const fs::path step_dir = item.parent_path();
+    if (step_dir != root) {
+      const std::vector<int64_t> steps = list_steps(root);
+      j["steps"] = steps;
+      text += fmt::format("steps: {} (latest {})\n", fmt::join(steps, ", "), steps.back());
     }
-    std::sort(items.begin(), items.end());
-    j["items"] = items;
-    text += fmt::format("step {}: items {}\n", item.parent_path().filename().string(), fmt::join(items, ", "));
+    j["items"] = nlohmann::json::array();
+    std::vector<std::string> lines;
+    for (const ItemInfo& i : list_items(step_dir)) {
+      const std::string what = i.holds_arrays ? "arrays" : "json";
+      j["items"].push_back({{"name", i.name}, {"handler", i.handler}, {"holds_arrays", i.holds_arrays}});
+      lines.push_back(fmt::format("  {} ({}{}){}", i.name, what, i.handler.empty() ? "" : ", " + short_handler(i.handler),
+                                  step_dir / i.name == item ? "  <- shown" : ""));
+    }
+    text += fmt::format("{}: items\n{}\n", step_dir.string(), fmt::join(lines, "\n"));
   }
   j["item"] = item.string();
   const ItemMetadata meta = read_item_metadata(item);
@@ -93,7 +106,7 @@ void info(const CkptArgs& a) {
 }
 
 void verify_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step);
+  const fs::path item = find_item_dir(a.dir, a.step, a.item);
   const VerifyReport r = verify(item);
   for (const auto& f : r.faults) std::cout << "FAULT " << f << "\n";
   std::cout << fmt::format("{}: {} arrays, {} chunks, {} read, {} checksums compared, {} faults\n", item.string(), r.arrays,
@@ -107,44 +120,17 @@ struct Target {
   std::optional<LogicalRules> rules;
 };
 
-// The target of a restore onto --mesh: each leaf's logical axes through the rules (given, else
-// the saved ones), or its saved spec when it has no logical axes or there are no rules.
+// The target of a restore onto --mesh (see restore_target): the rules given, else the saved ones,
+// also declare the mesh's axis order.
 Target make_target(const CkptArgs& a, const fs::path& item) {
-  const ItemMetadata meta = read_item_metadata(item);
-  std::optional<LogicalRules> rules;
-  if (!a.rules.empty()) {
-    rules = load_rules(a.rules);
-  } else if (meta.rules) {
-    rules = meta.rules;
-  }
+  std::optional<LogicalRules> rules = a.rules.empty() ? read_item_metadata(item).rules : load_rules(a.rules);
   Mesh mesh = rules && !rules->mesh_axes().empty() ? Mesh::parse(a.mesh, rules->mesh_axes()) : Mesh::parse(a.mesh);
-  std::vector<std::string> wanted;
+  TargetOptions options;
+  options.rules = rules;
   if (!a.paths.empty()) {
-    for (auto w : text_util::split_commas(a.paths)) wanted.emplace_back(w);
+    for (auto w : text_util::split_commas(a.paths)) options.paths.emplace_back(w);
   }
-  State saved = saved_abstract_state(item);
-  State target;
-  for (const auto& [path, v] : saved) {
-    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), path) == wanted.end()) continue;
-    std::optional<NamedSharding> s;
-    if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes)) {
-      s = resolve_sharding(v.partitioning(), v.shape(), mesh, rules ? *rules : LogicalRules{}, {}, path);
-    } else if (v.sharding()) {
-      try {
-        s = NamedSharding(mesh, v.sharding()->spec());
-        s->device_box(mesh.device_ids().front(), v.shape());
-      } catch (const ValueError& e) {
-        throw ValueError(fmt::format("'{}': its saved spec {} does not fit {}: give --rules ({})", path,
-                                     v.sharding()->spec().to_string(), mesh.to_string(), e.what()));
-      }
-    } else {
-      s = NamedSharding(mesh, PartitionSpec{});
-    }
-    target.insert(path, Variable::abstract(v.kind(), v.shape(), v.dtype(), s, v.partitioning()));
-  }
-  for (const auto& w : wanted) {
-    if (!saved.contains(w)) throw ValueError(fmt::format("--paths: '{}' is not in '{}'", w, item.string()));
-  }
+  State target = restore_target(item, mesh, options);
   return {mesh, std::move(target), rules};
 }
 
@@ -164,7 +150,7 @@ Runtime runtime_for(const CkptArgs& a, const Mesh& mesh) {
 }
 
 void restore_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step);
+  const fs::path item = find_item_dir(a.dir, a.step, a.item);
   Target t = make_target(a, item);
   Runtime rt = runtime_for(a, t.mesh);
   RestoreOptions options;
@@ -205,6 +191,10 @@ std::string npy_descr(DType d) {
     case DType::kI8: return "|i1";
     case DType::kI32: return "<i4";
     case DType::kI64: return "<i8";
+    case DType::kI16: return "<i2";
+    case DType::kU16: return "<u2";
+    case DType::kU32: return "<u4";
+    case DType::kU64: return "<u8";
     case DType::kF16: return "<f2";
     case DType::kF32: return "<f4";
     case DType::kF64: return "<f8";
@@ -214,7 +204,7 @@ std::string npy_descr(DType d) {
 }
 
 void export_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step);
+  const fs::path item = find_item_dir(a.dir, a.step, a.item);
   State saved = saved_abstract_state(item);
   const Variable& v = saved.at(a.path);
   // NumPy has no bfloat16: such a parameter is exported as float32 (exactly).
@@ -246,7 +236,7 @@ void export_command(const CkptArgs& a) {
 }
 
 void reshard_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step);
+  const fs::path item = find_item_dir(a.dir, a.step, a.item);
   Target t = make_target(a, item);
   Runtime rt = runtime_for(a, t.mesh);
   RestoreOptions options;
@@ -274,6 +264,7 @@ void add_ckpt_command(CLI::App& app) {
   auto common = [&](CLI::App* c) {
     c->add_option("dir", args->dir, "A checkpoint: an item, a step directory or a directory of steps")->required();
     c->add_option("--step", args->step, "Step to use in a directory of steps (default: the latest)");
+    c->add_option("--item", args->item, "Item of the step to use (default: its only PyTree item)");
   };
   auto mesh_opts = [&](CLI::App* c) {
     c->add_option("--mesh", args->mesh, "Target mesh, e.g. data=2,tensor=4")->required();

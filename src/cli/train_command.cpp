@@ -176,6 +176,7 @@ void train(const TrainArgs& a) {
   if (!a.checkpoint_dir.empty()) {
     CheckpointManagerOptions options;
     options.max_to_keep = a.keep;
+    options.save.rules = rules;  // a restore onto another mesh resolves the logical axes with them
     apply_storage(a.storage, options.save);
     ckpt.emplace(rt, a.checkpoint_dir, options);
   }

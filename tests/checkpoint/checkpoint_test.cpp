@@ -23,14 +23,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-HostArray random_host(std::mt19937& rng, const Shape& shape, DType dtype) {
-  HostArray h(shape, dtype);
-  for (auto& b : h.mutable_bytes()) b = static_cast<std::byte>(rng());
-  if (dtype == DType::kBool) {
-    for (auto& b : h.mutable_bytes()) b = static_cast<std::byte>(static_cast<unsigned>(b) & 1);
-  }
-  return h;
-}
+using testing::random_host;
 
 DType random_dtype(std::mt19937& rng) {
   auto all = all_dtypes();

@@ -1,12 +1,12 @@
-"""Interop with Debian's python3-zarr, both ways.
+"""Interop with python zarr (zarr-python 3, from the project's environment), both ways.
 
-1. python3-zarr opens every array of tessel checkpoints (uncompressed and zstd) and its values
+1. zarr opens every array of tessel checkpoints (uncompressed and zstd) and its values
    equal `tessel ckpt export`'s .npy files: the plain layout directly, the OCDBT layout after the
    independent reference reader (../shared/tools/ocdbt_dump.py) has unpacked its keys.
-2. tessel restores arrays python3-zarr wrote with no compressor, zstd and blosc (multi-chunk, with
+2. tessel restores arrays zarr wrote with no compressor, zstd and blosc (multi-chunk, with
    edge chunks), inside an Orbax-style item directory.
 
-Usage: zarr_interop.py TESSEL_CLI CKPT_HELPER [TOOLS_DIR]   (exit 77 = skipped: no python3-zarr)
+Usage: zarr_interop.py TESSEL_CLI CKPT_HELPER TOOLS_DIR   (run with the environment of scripts/venv.sh)
 """
 import importlib.util
 import json
@@ -16,23 +16,18 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import zarr
-    from numcodecs import Blosc, Zstd
-except ImportError as e:  # the test command installs python3-zarr; a bare machine may not have it
-    print(f"skipped: {e}")
-    sys.exit(77)
+import numpy as np
+import zarr
+from numcodecs import Blosc, Zstd
 
-cli, helper = sys.argv[1], sys.argv[2]
-tools = sys.argv[3] if len(sys.argv) > 3 else ""
+cli, helper, tools = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
 def load_reference_reader():
-    """../shared/tools/ocdbt_dump.py (independent of tessel), or None where it is absent."""
+    """../shared/tools/ocdbt_dump.py (independent of tessel; decodes zstd with the `zstd` tool)."""
     path = os.path.join(tools, "ocdbt_dump.py")
-    if not tools or not os.path.exists(path) or not shutil.which("zstd"):
-        return None
+    assert os.path.exists(path), f"the reference OCDBT reader {path} is missing"
+    assert shutil.which("zstd"), "the zstd tool is missing (scripts/install-deps.sh test installs it)"
     spec = importlib.util.spec_from_file_location("ocdbt_dump", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -76,14 +71,11 @@ def check_tessel_written(tmp, compression, layout):
     arrays = item
     if layout == "ocdbt":
         dump = load_reference_reader()
-        if dump is None:
-            print("no reference OCDBT reader (../shared/tools/ocdbt_dump.py) or zstd tool: OCDBT layout not cross-read")
-            return
         arrays = os.path.join(tmp, f"unpacked-{compression}")
         keys = unpack_ocdbt(dump, item, arrays)
         print(f"the reference reader listed {keys} keys of the OCDBT database")
     for name in names:
-        z = zarr.open(os.path.join(arrays, name), mode="r")
+        z = zarr.open_array(os.path.join(arrays, name), mode="r", zarr_format=2)
         path = name.replace(".", "/")
         out = os.path.join(tmp, "x.npy")
         run(cli, "ckpt", "export", item, "--path", path, "--out", out)
@@ -92,7 +84,7 @@ def check_tessel_written(tmp, compression, layout):
         assert got.dtype == exported.dtype, (name, got.dtype, exported.dtype)
         assert got.shape == exported.shape, (name, got.shape, exported.shape)
         assert np.array_equal(got, exported), name
-    print(f"python3-zarr read all {len(names)} arrays of a {compression} tessel checkpoint ({layout})")
+    print(f"zarr {zarr.__version__} read all {len(names)} arrays of a {compression} tessel checkpoint ({layout})")
 
 
 def orbax_metadata(names):
@@ -117,8 +109,8 @@ def check_zarr_written(tmp):
         "blosc_zstd.w": (rng.standard_normal((1000,)).astype("<f4"), Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE), (300,)),
     }
     for name, (value, compressor, chunks) in arrays.items():
-        z = zarr.open(os.path.join(item, name), mode="w", shape=value.shape, chunks=chunks, dtype=value.dtype,
-                      compressor=compressor)
+        z = zarr.create_array(os.path.join(item, name), shape=value.shape, chunks=chunks, dtype=value.dtype,
+                              zarr_format=2, compressors=compressor, fill_value=0)
         z[...] = value
     json.dump(orbax_metadata(arrays), open(os.path.join(item, "_METADATA"), "w"))
     run(cli, "ckpt", "verify", item)
@@ -128,7 +120,7 @@ def check_zarr_written(tmp):
         assert np.array_equal(np.load(out), value), name
     # Onto a sharded mesh, every leaf placed by its saved spec (none: replicated).
     print(run(cli, "ckpt", "restore", item, "--mesh", "x=4").splitlines()[-1])
-    print(f"tessel restored {len(arrays)} arrays python3-zarr wrote (none, zstd, blosc lz4, blosc zstd)")
+    print(f"tessel restored {len(arrays)} arrays zarr {zarr.__version__} wrote (none, zstd, blosc lz4, blosc zstd)")
 
 
 with tempfile.TemporaryDirectory() as tmp:

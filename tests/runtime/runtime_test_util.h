@@ -71,6 +71,16 @@ inline Shape random_shape(std::mt19937& rng) {
   return Shape(dims);
 }
 
+// Random bytes (bool: 0 or 1).
+inline HostArray random_host(std::mt19937& rng, const Shape& shape, DType dtype) {
+  HostArray h(shape, dtype);
+  for (auto& b : h.mutable_bytes()) b = static_cast<std::byte>(rng());
+  if (dtype == DType::kBool) {
+    for (auto& b : h.mutable_bytes()) b = static_cast<std::byte>(static_cast<unsigned>(b) & 1);
+  }
+  return h;
+}
+
 // Bytes in use on each device equal the sum of the distinct live buffers held by `live`.
 inline void expect_accounts_match(const Runtime& rt, const std::vector<const Array*>& live) {
   std::map<int64_t, std::set<const std::byte*>> seen;

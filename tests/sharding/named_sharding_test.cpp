@@ -91,6 +91,18 @@ TEST(NamedSharding, SizeOneAxesReplicate) {
   EXPECT_EQ(s.distinct_shards(Shape{8, 2})[0].devices, (std::vector<int64_t>{0, 1, 2, 3}));
 }
 
+TEST(NamedSharding, ZeroSizedDimensionsMakeTheirAxesReplicasAsInJax) {
+  // JAX numbers the devices holding equal blocks; every block of a 0-sized dimension is empty.
+  NamedSharding s(Mesh::parse("x=2,y=2"), {{"x"}, {"y"}});
+  EXPECT_EQ(s.replica_id(3), 0);
+  EXPECT_EQ(s.replica_id(3, Shape{4, 6}), 0);
+  EXPECT_EQ(s.replica_id(1, Shape{0, 6}), 0);
+  EXPECT_EQ(s.replica_id(2, Shape{0, 6}), 1);  // x=1, y=0: same block as device 0
+  EXPECT_EQ(s.replica_id(3, Shape{0, 6}), 1);
+  EXPECT_EQ(s.replica_id(3, Shape{0, 0}), 3);
+  EXPECT_EQ(s.replica_id(3, Shape{4, 0}), 1);
+}
+
 TEST(NamedSharding, ErrorsNameSpecShapeAndAxis) {
   Mesh mesh = Mesh::parse("fsdp=4");
   EXPECT_THAT([&] { NamedSharding(mesh, {{"tensor"}}); },

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -151,6 +152,50 @@ StagedState stage(const State& state) {
   return staged;
 }
 
+StagedState stage_host(std::vector<HostLeaf> leaves) {
+  StagedState staged;
+  StagedState::Impl& s = *staged.impl_;
+  std::set<std::string> paths;
+  for (HostLeaf& leaf : leaves) {
+    const std::string what = "'" + leaf.path + "'";
+    if (!paths.insert(leaf.path).second) throw ValueError("the leaf " + what + " is given twice");
+    leaf.sharding.spec().validate(leaf.sharding.mesh(), leaf.shape.rank(), what);
+    // Empty blocks hold nothing to write: only the others are wanted (their starts differ).
+    std::map<std::vector<int64_t>, size_t> wanted;  // block start -> index among the distinct blocks
+    const std::vector<ShardPlacement> distinct = leaf.sharding.distinct_shards(leaf.shape);
+    for (size_t i = 0; i < distinct.size(); ++i) {
+      if (distinct[i].box.empty()) continue;
+      wanted.emplace(std::vector<int64_t>(distinct[i].box.starts().begin(), distinct[i].box.starts().end()), i);
+    }
+    std::vector<bool> seen(distinct.size(), false);
+    StagedState::Impl::Param p{leaf.path, leaf.kind, leaf.partitioning, leaf.shape, leaf.dtype, leaf.sharding, {}};
+    for (const auto& [box, bytes] : leaf.blocks) {
+      if (box.rank() == leaf.shape.rank() && box.empty() && bytes.empty()) continue;
+      auto it = wanted.find(std::vector<int64_t>(box.starts().begin(), box.starts().end()));
+      if (box.rank() != leaf.shape.rank() || it == wanted.end() || !(distinct[it->second].box == box)) {
+        throw ValueError(what + ": block " + box.to_string() + " is not one of the blocks of " +
+                         leaf.sharding.to_string() + " for shape " + leaf.shape.to_string());
+      }
+      if (seen[it->second]) throw ValueError(what + ": block " + box.to_string() + " is given twice");
+      seen[it->second] = true;
+      const int64_t expect = box.volume() * static_cast<int64_t>(item_size(leaf.dtype));
+      if (static_cast<int64_t>(bytes.size()) != expect) {
+        throw ValueError(what + ": block " + box.to_string() + " has " + std::to_string(bytes.size()) +
+                         " bytes, not the " + std::to_string(expect) + " of " + std::string(name(leaf.dtype)));
+      }
+      s.bytes += expect;
+      p.blocks.push_back({box, bytes});
+    }
+    for (size_t i = 0; i < distinct.size(); ++i) {
+      if (!seen[i] && !distinct[i].box.empty()) {
+        throw ValueError(what + ": block " + distinct[i].box.to_string() + " is missing");
+      }
+    }
+    s.params.push_back(std::move(p));
+  }
+  return staged;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Save
 
@@ -281,8 +326,13 @@ ItemLayout layout_of(const fs::path& item_dir, const StagedState& staged, const 
   ItemLayout out;
   std::map<std::string, std::string> names;  // stored name -> path
   for (const auto& p : staged.impl().params) {
-    ParamRecord r{p.path, split_path(p.path), {}, {}, {}, p.sharding, p.kind, p.partitioning, {}};
-    for (size_t i = 0; i < r.keys.size(); ++i) r.name += (i ? "." : "") + r.keys[i];
+    ParamRecord r{p.path, split_path(p.path), {}, {}, {}, {}, p.sharding, p.kind, p.partitioning, {}};
+    std::string node;  // the path of the node each key belongs to
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+      r.name += (i ? "." : "") + r.keys[i];
+      r.key_types.push_back(options.sequence_nodes.contains(node) ? kSequenceKey : kDictKey);
+      node += (i ? "/" : "") + r.keys[i];
+    }
     if (auto [it, fresh] = names.emplace(r.name, p.path); !fresh) {
       throw ValueError("cannot save both '" + it->second + "' and '" + p.path + "': both would be stored as '" +
                        r.name + "' (Orbax joins path keys with '.')");

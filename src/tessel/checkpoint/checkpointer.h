@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,12 @@ struct SaveOptions {
   int writers = 0;                          // parallel chunk writers; 0: max(4, cores), at most 16
   bool durable = true;                      // fsync files and directories before the commit
   std::optional<LogicalRules> rules;        // recorded, so a restore can re-resolve the axes
+  // The tree's nodes that are lists or tuples ('/'-joined paths; "" is the root): their children's
+  // keys are recorded as sequence indices, so Orbax rebuilds lists. Every other node is a dict.
+  std::set<std::string> sequence_nodes;
 };
+
+struct HostLeaf;
 
 // Host copies of what a save writes (each array's replica-0 blocks held by this process), taken
 // so the arrays may change or go away while the files are written in the background.
@@ -53,11 +59,30 @@ class StagedState {
 
  private:
   friend StagedState stage(const State& state);
+  friend StagedState stage_host(std::vector<HostLeaf> leaves);
   std::unique_ptr<Impl> impl_;
 };
 
 // Copies the blocks to host memory. Throws ValueError for an abstract variable (naming it).
 StagedState stage(const State& state);
+
+// A leaf held in host memory by a caller whose arrays are not tessel Arrays (NumPy, JAX): the
+// sharding it is saved with and each of that sharding's distinct blocks once (replica 0, any
+// order) as the row-major bytes of its box.
+struct HostLeaf {
+  std::string path;
+  Shape shape;
+  DType dtype = DType::kF32;
+  NamedSharding sharding;
+  std::vector<std::pair<Box, std::span<const std::byte>>> blocks;
+  std::string kind = kParam;
+  Partitioning partitioning;
+};
+
+// A save of host leaves in one process, without copies: the bytes must outlive the save. Throws
+// ValueError naming the leaf when its blocks are not exactly the sharding's distinct blocks, or a
+// block's byte count is not its box's.
+StagedState stage_host(std::vector<HostLeaf> leaves);
 
 // Saves concrete `state` into the new directory `dir` (its parent must exist), atomically.
 // Throws IoError if `dir` exists, ValueError for abstract variables or two paths that would share

@@ -23,65 +23,7 @@ namespace {
 constexpr const char* kDefaultItem = "default";
 constexpr const char* kJsonFile = "metadata";  // Orbax's JsonCheckpointHandler file name
 
-std::optional<int64_t> parse_step(const std::string& name) {
-  if (name.empty() || name.size() > 18) return std::nullopt;
-  int64_t step = 0;
-  auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), step);
-  if (ec != std::errc() || end != name.data() + name.size() || step < 0) return std::nullopt;
-  if (std::to_string(step) != name) return std::nullopt;  // "007" is not ours
-  return step;
-}
-
 }  // namespace
-
-std::vector<int64_t> list_steps(const fs::path& root) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (!entry.is_directory() || entry.is_symlink()) continue;
-    if (auto step = parse_step(entry.path().filename().string())) steps.push_back(*step);
-  }
-  if (ec) throw IoError("cannot list '" + root.string() + "': " + ec.message());
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
-namespace {
-
-// The PyTree item of a step: tessel's and Orbax's single item 'default', or 'state', the item
-// Orbax's composite checkpoints (and its v1 API) keep the PyTree in.
-std::optional<fs::path> item_in(const fs::path& dir) {
-  for (const char* name : {kDefaultItem, "state"}) {
-    if (fs::is_directory(dir / name)) return dir / name;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
-fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step) {
-  if (!fs::is_directory(path)) throw IoError("'" + path.string() + "' is not a directory");
-  const bool is_item = fs::exists(path / "_METADATA") || fs::exists(path / "manifest.ocdbt");
-  const std::optional<fs::path> item = is_item ? std::optional<fs::path>(path) : item_in(path);
-  if (item) {
-    if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint");
-    return *item;
-  }
-  const std::vector<int64_t> steps = list_steps(path);
-  if (steps.empty()) {
-    throw ValueError("'" + path.string() + "' holds no checkpoint: no _METADATA, no 'default' or 'state' item and no "
-                     "step directories");
-  }
-  const int64_t chosen = step ? *step : steps.back();
-  if (!std::binary_search(steps.begin(), steps.end(), chosen)) {
-    throw ValueError("'" + path.string() + "' has no step " + std::to_string(chosen) + " (it has " +
-                     std::to_string(steps.size()) + " steps, latest " + std::to_string(steps.back()) + ")");
-  }
-  const fs::path dir = path / std::to_string(chosen);
-  const std::optional<fs::path> found = item_in(dir);
-  if (!found) throw ValueError("step " + std::to_string(chosen) + " in '" + path.string() + "' has no 'default' or 'state' item");
-  return *found;
-}
 
 CheckpointManager::CheckpointManager(fs::path root, CheckpointManagerOptions options)
     : root_(std::move(root)), options_(std::move(options)), group_(std::make_unique<SingleProcessGroup>()) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/items.h"
 #include "tessel/runtime/process_group.h"
 
 namespace tessel {
@@ -35,14 +36,6 @@ struct CheckpointManagerOptions {
   SaveOptions save;
   bool read_only = false;  // no lock, no cleanup; save() is refused
 };
-
-// The committed steps under `root`, ascending (directories named by a decimal step).
-std::vector<int64_t> list_steps(const std::filesystem::path& root);
-
-// The PyTree item a path names: an item directory itself (it has _METADATA), a step directory
-// (its `default` item), or a manager root (the given step, else the latest). Throws ValueError
-// saying what was found instead.
-std::filesystem::path find_item_dir(const std::filesystem::path& path, std::optional<int64_t> step = std::nullopt);
 
 class CheckpointManager {
  public:

@@ -242,6 +242,15 @@ ItemMetadata parse_item_metadata(std::string_view metadata_json, std::string_vie
         bad(what, "key '" + s + "' contains '/' or NUL");
       }
       p.keys.push_back(std::move(s));
+      int type = kDictKey;
+      if (k.contains("key_type") && !k["key_type"].is_null()) {
+        const Json& t = k["key_type"];
+        if (!t.is_number_integer() || (t.get<int64_t>() != kSequenceKey && t.get<int64_t>() != kDictKey)) {
+          bad(what, "key_type must be 1 (sequence) or 2 (dict), not " + t.dump());
+        }
+        type = t.get<int>();
+      }
+      p.key_types.push_back(type);
     }
     for (size_t i = 0; i < p.keys.size(); ++i) {
       p.path += (i ? "/" : "") + p.keys[i];
@@ -386,7 +395,7 @@ std::string tree_metadata_json(const std::vector<ParamRecord>& params, const Mes
   Json tessel_params = Json::object();
   for (const auto& p : params) {
     Json keys = Json::array();
-    for (const auto& k : p.keys) keys.push_back({{"key", k}, {"key_type", 2}});
+    for (size_t i = 0; i < p.keys.size(); ++i) keys.push_back({{"key", p.keys[i]}, {"key_type", p.key_types.at(i)}});
     tree[python_tuple(p.keys)] = {
         {"key_metadata", keys},
         {"value_metadata", {{"value_type", "jax.Array"}, {"skip_deserialize", false}, {"write_shape", p.write_shape.dims()}}}};

@@ -32,10 +32,15 @@ struct SavedSharding {
   PartitionSpec spec;
 };
 
+// Orbax's KeyType of each key in a leaf's path: a list/tuple index or a dict key.
+inline constexpr int kSequenceKey = 1;
+inline constexpr int kDictKey = 2;
+
 struct ParamMetadata {
   std::string path;               // tessel path: the keys joined by '/'
   std::string name;               // Orbax's param name: the keys joined by '.' (its directory)
   std::vector<std::string> keys;  // one per nesting level
+  std::vector<int> key_types;     // per key: kSequenceKey or kDictKey
   std::string value_type;         // "jax.Array", "np.ndarray", "scalar", ...
   bool skip_deserialize = false;  // Orbax: no data stored under the name (empty node, aggregate)
   std::optional<Shape> write_shape;

@@ -17,21 +17,25 @@ struct DTypeInfo {
   bool floating;
 };
 
-constexpr std::array<DTypeInfo, 9> kInfo = {{
+constexpr std::array<DTypeInfo, 13> kInfo = {{
     {DType::kBool, "bool", "bool", 1, "|b1", false},
     {DType::kU8, "uint8", "u8", 1, "|u1", false},
     {DType::kI8, "int8", "i8", 1, "|i1", false},
+    {DType::kI16, "int16", "i16", 2, "<i2", false},
+    {DType::kU16, "uint16", "u16", 2, "<u2", false},
     {DType::kI32, "int32", "i32", 4, "<i4", false},
+    {DType::kU32, "uint32", "u32", 4, "<u4", false},
     {DType::kI64, "int64", "i64", 8, "<i8", false},
+    {DType::kU64, "uint64", "u64", 8, "<u8", false},
     {DType::kF16, "float16", "f16", 2, "<f2", true},
     {DType::kBF16, "bfloat16", "bf16", 2, "bfloat16", true},
     {DType::kF32, "float32", "f32", 4, "<f4", true},
     {DType::kF64, "float64", "f64", 8, "<f8", true},
 }};
 
-constexpr std::array<DType, 9> kAll = {DType::kBool, DType::kU8,   DType::kI8,
-                                       DType::kI32,  DType::kI64,  DType::kF16,
-                                       DType::kBF16, DType::kF32,  DType::kF64};
+constexpr std::array<DType, 13> kAll = {DType::kBool, DType::kU8,  DType::kI8,  DType::kI16, DType::kU16,
+                                        DType::kI32,  DType::kU32, DType::kI64, DType::kU64, DType::kF16,
+                                        DType::kBF16, DType::kF32, DType::kF64};
 
 const DTypeInfo& info(DType dtype) {
   for (const auto& i : kInfo)
@@ -62,7 +66,7 @@ DType parse_dtype(std::string_view text) {
     }
   }
   throw ValueError("unknown dtype '" + std::string(text) +
-                   "' (expected one of bool, uint8, int8, int32, int64, float16, bfloat16, "
+                   "' (expected one of bool, uint8, int8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, "
                    "float32, float64, their short names such as f32, or numpy codes such as <f4)");
 }
 

@@ -11,7 +11,8 @@
 
 namespace tessel {
 
-enum class DType : uint8_t { kBool, kU8, kI8, kI32, kI64, kF16, kBF16, kF32, kF64 };
+// The later integer widths were added after the first nine; the order carries no meaning.
+enum class DType : uint8_t { kBool, kU8, kI8, kI32, kI64, kF16, kBF16, kF32, kF64, kI16, kU16, kU32, kU64 };
 
 // Every DType, in declaration order.
 std::span<const DType> all_dtypes();

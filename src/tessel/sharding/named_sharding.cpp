@@ -89,6 +89,25 @@ int64_t NamedSharding::replica_id(int64_t device_id) const {
   return r;
 }
 
+int64_t NamedSharding::replica_id(int64_t device_id, const Shape& shape) const {
+  check_rank(shape);
+  std::vector<bool> replica(mesh_.rank(), false);
+  for (size_t a : replica_axes_) replica[a] = true;
+  bool empty_dim = false;
+  for (size_t d = 0; d < dim_axes_.size(); ++d) {
+    if (shape[d] != 0) continue;
+    empty_dim = true;
+    for (size_t a : dim_axes_[d]) replica[a] = true;
+  }
+  if (!empty_dim) return replica_id(device_id);
+  const std::vector<int64_t> coords = mesh_.coords(device_id);
+  int64_t r = 0;
+  for (size_t a = 0; a < mesh_.rank(); ++a) {
+    if (replica[a]) r = r * mesh_.axes()[a].size + coords[a];
+  }
+  return r;
+}
+
 std::vector<ShardPlacement> NamedSharding::distinct_shards(const Shape& shape) const {
   Shape block = shard_shape(shape);
   // Key: the block index along every dimension; map order is row-major block order.

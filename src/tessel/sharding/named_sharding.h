@@ -49,6 +49,10 @@ class NamedSharding {
   Shape shard_shape(const Shape& shape) const;
   // 0 for the first device (in mesh order) holding its block, 1 for the next copy, ...
   int64_t replica_id(int64_t device_id) const;
+  // JAX's Shard.replica_id for an array of `shape`: the devices holding equal blocks, numbered in
+  // mesh order. The same as replica_id(device_id) unless a dimension has size 0; then every block
+  // is empty along it and devices that differ only along its axes hold equal blocks.
+  int64_t replica_id(int64_t device_id, const Shape& shape) const;
   // One entry per distinct block in row-major block order; together they tile the array.
   std::vector<ShardPlacement> distinct_shards(const Shape& shape) const;
   // True when every device holds the whole array (only size-1 axes, if any, are used).

@@ -17,6 +17,7 @@ namespace tessel::detail {
 struct ParamRecord {
   std::string path;  // '/'-joined
   std::vector<std::string> keys;
+  std::vector<int> key_types;  // Orbax's KeyType per key: 1 a sequence index, 2 a dict key
   std::string name;  // '.'-joined
   Shape write_shape;
   Shape chunk_shape;

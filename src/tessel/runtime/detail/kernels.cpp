@@ -47,6 +47,10 @@ void dispatch(DType dtype, Fn&& fn) {
     case DType::kI8: return fn(Plain<int8_t>{});
     case DType::kI32: return fn(Plain<int32_t>{});
     case DType::kI64: return fn(Plain<int64_t>{});
+    case DType::kI16: return fn(Plain<int16_t>{});
+    case DType::kU16: return fn(Plain<uint16_t>{});
+    case DType::kU32: return fn(Plain<uint32_t>{});
+    case DType::kU64: return fn(Plain<uint64_t>{});
     case DType::kF16: return fn(F16{});
     case DType::kBF16: return fn(BF16{});
     case DType::kF32: return fn(Plain<float>{});
@@ -118,6 +122,10 @@ void store(DType to, double d, std::byte* dst, int64_t i) {
     case DType::kI8: return put(from_double<int8_t>(d));
     case DType::kI32: return put(from_double<int32_t>(d));
     case DType::kI64: return put(from_double<int64_t>(d));
+    case DType::kI16: return put(from_double<int16_t>(d));
+    case DType::kU16: return put(from_double<uint16_t>(d));
+    case DType::kU32: return put(from_double<uint32_t>(d));
+    case DType::kU64: return put(from_double<uint64_t>(d));
     case DType::kF16: return put(f32_to_f16(to_f32_odd(d)));
     case DType::kBF16: return put(f32_to_bf16(to_f32_odd(d)));
     case DType::kF32: return put(static_cast<float>(d));

@@ -1,0 +1,151 @@
+#include "tessel/checkpoint/items.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+
+#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/item_io.h"
+#include "tessel/core/error.h"
+#include "tessel/detail/json_util.h"
+
+namespace tessel {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kMaxCheckpointMetadataBytes = int64_t{16} << 20;
+
+std::optional<int64_t> parse_step(const std::string& name) {
+  if (name.empty() || name.size() > 18) return std::nullopt;
+  int64_t step = 0;
+  auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), step);
+  if (ec != std::errc() || end != name.data() + name.size() || step < 0) return std::nullopt;
+  if (std::to_string(step) != name) return std::nullopt;  // "007" is not a step
+  return step;
+}
+
+bool is_plain_dir(const fs::directory_entry& e) { return e.is_directory() && !e.is_symlink(); }
+
+// Orbax's item_handlers: {item name: handler class}, or one class name for a single-item step.
+std::map<std::string, std::string> item_handlers(const fs::path& step_dir) {
+  const fs::path file = step_dir / detail::kCheckpointMetadata;
+  std::map<std::string, std::string> out;
+  if (!fs::exists(fs::symlink_status(file))) return out;
+  const json_util::Json j = json_util::parse(detail::read_file(file, kMaxCheckpointMetadataBytes), file.string());
+  if (!j.is_object()) throw ParseError(file.string(), 0, 0, "expected a JSON object");
+  if (!j.contains("item_handlers") || j["item_handlers"].is_null()) return out;
+  const json_util::Json& h = j["item_handlers"];
+  if (h.is_string()) return out;  // a single unnamed item: the handler says nothing about names
+  if (!h.is_object()) throw ParseError(file.string(), 0, 0, "'item_handlers' must be an object of item names");
+  for (const auto& [name, handler] : h.items()) out[name] = handler.is_string() ? handler.get<std::string>() : "";
+  return out;
+}
+
+std::string names_of(const std::vector<ItemInfo>& items, bool arrays_only) {
+  std::string s;
+  for (const auto& i : items) {
+    if (arrays_only && !i.holds_arrays) continue;
+    s += (s.empty() ? "'" : ", '") + i.name + "'";
+  }
+  return s.empty() ? "none" : s;
+}
+
+// The PyTree item of a step directory: `item` when given, else the only one.
+fs::path choose_item(const fs::path& step_dir, const std::optional<std::string>& item) {
+  const std::vector<ItemInfo> items = list_items(step_dir);
+  if (item) {
+    for (const auto& i : items) {
+      if (i.name != *item) continue;
+      if (!i.holds_arrays) {
+        throw ValueError("item '" + *item + "' in '" + step_dir.string() + "' holds no arrays (handler " +
+                         (i.handler.empty() ? std::string("unknown") : i.handler) + "); its PyTree items: " +
+                         names_of(items, true));
+      }
+      return step_dir / i.name;
+    }
+    throw ValueError("'" + step_dir.string() + "' has no item '" + *item + "' (its items: " + names_of(items, false) + ")");
+  }
+  std::vector<const ItemInfo*> arrays;
+  for (const auto& i : items) {
+    if (i.holds_arrays) arrays.push_back(&i);
+  }
+  if (arrays.size() == 1) return step_dir / arrays.front()->name;
+  if (arrays.empty()) {
+    throw ValueError("'" + step_dir.string() + "' holds no PyTree item (its items: " + names_of(items, false) + ")");
+  }
+  throw ValueError("'" + step_dir.string() + "' holds several PyTree items (" + names_of(items, true) +
+                   "): choose one with --item");
+}
+
+}  // namespace
+
+std::vector<int64_t> list_steps(const fs::path& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (!is_plain_dir(entry)) continue;
+    if (auto step = parse_step(entry.path().filename().string())) steps.push_back(*step);
+  }
+  if (ec) throw IoError("cannot list '" + root.string() + "': " + ec.message());
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+bool is_item_dir(const fs::path& dir) {
+  for (const char* marker : {"_METADATA", "_sharding", "manifest.ocdbt"}) {
+    if (fs::exists(fs::symlink_status(dir / marker))) return true;
+  }
+  // An item that lost its _METADATA: its arrays are still zarr directories.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!is_plain_dir(e)) continue;
+    for (const char* f : {".zarray", "zarr.json"}) {
+      if (fs::exists(fs::symlink_status(e.path() / f))) return true;
+    }
+  }
+  return false;
+}
+
+std::vector<ItemInfo> list_items(const fs::path& step_dir) {
+  const std::map<std::string, std::string> handlers = item_handlers(step_dir);
+  std::vector<ItemInfo> items;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(step_dir, ec)) {
+    if (!is_plain_dir(e)) continue;
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(detail::kTmpSuffix)) continue;  // an unfinished save
+    auto h = handlers.find(name);
+    const bool arrays = is_item_dir(e.path());
+    if (h == handlers.end() && !arrays && !fs::exists(fs::symlink_status(e.path() / "metadata"))) continue;
+    items.push_back({name, h == handlers.end() ? "" : h->second, arrays});
+  }
+  if (ec) throw IoError("cannot list '" + step_dir.string() + "': " + ec.message());
+  std::sort(items.begin(), items.end(), [](const ItemInfo& a, const ItemInfo& b) { return a.name < b.name; });
+  return items;
+}
+
+fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step, const std::optional<std::string>& item) {
+  if (!fs::is_directory(path)) throw IoError("'" + path.string() + "' is not a directory");
+  if (is_item_dir(path)) {
+    if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint item");
+    if (item) throw ValueError("--item is for a step directory; '" + path.string() + "' is a single checkpoint item");
+    return path;
+  }
+  const std::vector<int64_t> steps = list_steps(path);
+  if (steps.empty()) {
+    if (fs::exists(fs::symlink_status(path / detail::kCheckpointMetadata)) || !list_items(path).empty()) {
+      if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single step");
+      return choose_item(path, item);
+    }
+    throw ValueError("'" + path.string() + "' holds no checkpoint: no _METADATA, no items and no step directories");
+  }
+  const int64_t chosen = step ? *step : steps.back();
+  if (!std::binary_search(steps.begin(), steps.end(), chosen)) {
+    throw ValueError("'" + path.string() + "' has no step " + std::to_string(chosen) + " (it has " +
+                     std::to_string(steps.size()) + " steps, latest " + std::to_string(steps.back()) + ")");
+  }
+  return choose_item(path / std::to_string(chosen), item);
+}
+
+}  // namespace tessel

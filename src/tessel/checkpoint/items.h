@@ -1,0 +1,42 @@
+// Finding the PyTree item to read in what a user points at: an item directory, an Orbax step
+// directory (MaxText's `items`, `model_params`, `default`, `state`, any name) or a directory of
+// steps. A step's items come from `_CHECKPOINT_METADATA` (Orbax's `item_handlers`) and from the
+// subdirectories that hold arrays, whatever their names; JSON items sit beside them.
+//
+//   for (const auto& i : tessel::list_items("ckpt/7")) std::cout << i.name << " " << i.handler << "\n";
+//   auto dir = tessel::find_item_dir("ckpt", std::nullopt, "model_params");  // ckpt/<latest>/model_params
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessel {
+
+// The committed steps under `root`, ascending (directories named by a decimal step).
+std::vector<int64_t> list_steps(const std::filesystem::path& root);
+
+struct ItemInfo {
+  std::string name;
+  std::string handler;        // Orbax's handler class from _CHECKPOINT_METADATA; "" if not recorded
+  bool holds_arrays = false;  // a PyTree item (what restore reads), not a JSON item
+};
+
+// True for a directory that is one PyTree item: it has `_METADATA`, `_sharding` or
+// `manifest.ocdbt`, or subdirectories that are zarr arrays.
+bool is_item_dir(const std::filesystem::path& dir);
+
+// The items of a step directory, by name. Throws ParseError for a malformed
+// `_CHECKPOINT_METADATA`, IoError when the directory cannot be listed.
+std::vector<ItemInfo> list_items(const std::filesystem::path& step_dir);
+
+// The PyTree item `path` names: an item directory itself; a step directory's item `item`, or its
+// only PyTree item; a directory of steps: the same in step `step`, else in the latest one. Throws
+// ValueError saying what was found instead: no steps, no such step or item, a JSON item, or
+// several PyTree items (listed) and no `item` to choose one.
+std::filesystem::path find_item_dir(const std::filesystem::path& path, std::optional<int64_t> step = std::nullopt,
+                                    const std::optional<std::string>& item = std::nullopt);
+
+}  // namespace tessel

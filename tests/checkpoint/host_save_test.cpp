@@ -1,0 +1,138 @@
+// Saves of host leaves (what the Python package hands over), sequence keys in Orbax's metadata,
+// and restore targets built from what an item recorded.
+#include <random>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../runtime/runtime_test_util.h"
+#include "test_util.h"
+#include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/target.h"
+#include "tessel/core/box_copy.h"
+#include "tessel/core/error.h"
+
+namespace tessel {
+namespace {
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::TempDir;
+
+// The leaf's distinct blocks cut from `host`, as a caller holding the whole array would.
+struct Blocks {
+  std::vector<std::vector<std::byte>> owned;
+  HostLeaf leaf;
+};
+Blocks cut(const std::string& path, const HostArray& host, const NamedSharding& sharding) {
+  Blocks b{{}, {path, host.shape(), host.dtype(), sharding, {}}};
+  const size_t item = item_size(host.dtype());
+  for (const ShardPlacement& p : sharding.distinct_shards(host.shape())) {
+    std::vector<std::byte> bytes(static_cast<size_t>(p.box.volume()) * item);
+    copy_region(host.bytes().data(), Box::full(host.shape()), bytes.data(), p.box, p.box, item);
+    b.owned.push_back(std::move(bytes));
+  }
+  size_t i = 0;
+  for (const ShardPlacement& p : sharding.distinct_shards(host.shape())) b.leaf.blocks.emplace_back(p.box, b.owned[i++]);
+  return b;
+}
+
+TEST(HostSave, RandomLeavesRestoreBitIdenticalOnAnyMesh) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(20261123);
+  for (int iter = 0; iter < 20; ++iter) {
+    TempDir tmp;
+    std::vector<Blocks> blocks;
+    std::map<std::string, HostArray> values;
+    const Mesh mesh = testing::random_mesh(rng);
+    for (int i = 0; i < 3; ++i) {
+      const Shape shape = testing::random_shape(rng);
+      HostArray h = testing::random_host(rng, shape, all_dtypes()[rng() % all_dtypes().size()]);
+      const std::string path = "layers/" + std::to_string(i) + "/w";
+      blocks.push_back(cut(path, h, NamedSharding(mesh, testing::random_spec(rng, mesh, shape.rank()))));
+      values.emplace(path, std::move(h));
+    }
+    std::vector<HostLeaf> leaves;
+    for (const auto& b : blocks) leaves.push_back(b.leaf);
+    SaveOptions options;
+    options.use_ocdbt = iter % 2 == 0;
+    options.use_zarr3 = iter % 3 == 0;
+    options.sequence_nodes = {"layers"};
+    save(tmp.path() / "item", stage_host(std::move(leaves)), options);
+    // The saved specs name the saved mesh's axes: the new mesh has them, with other sizes.
+    std::vector<MeshAxis> axes;
+    for (const MeshAxis& a : mesh.axes()) axes.push_back({a.name, int64_t{1} << (rng() % 2)});
+    const Mesh other(axes);
+    const State got = restore(rt, tmp.path() / "item", restore_target(tmp.path() / "item", other));
+    for (const auto& [path, h] : values) {
+      EXPECT_EQ(to_host(got.at(path).array()), h) << path;
+      EXPECT_EQ(got.at(path).array().mesh(), other) << path;
+    }
+    // Orbax's key types: the children of `layers` are sequence indices, the rest dict keys.
+    const ItemMetadata meta = read_item_metadata(tmp.path() / "item");
+    for (const auto& p : meta.params) EXPECT_EQ(p.key_types, (std::vector<int>{kDictKey, kSequenceKey, kDictKey})) << p.path;
+  }
+}
+
+TEST(HostSave, BlocksMustBeExactlyTheShardingsBlocks) {
+  const NamedSharding rows(Mesh::parse("x=4"), {{"x"}});
+  const HostArray h = testing::iota({8, 2});
+  auto expect_refused = [](std::vector<HostLeaf> leaves, const std::string& message) {
+    SCOPED_TRACE(message);
+    EXPECT_THAT([&] { stage_host(leaves); }, ThrowsMessage<ValueError>(HasSubstr(message)));
+  };
+  Blocks b = cut("w", h, rows);
+  HostLeaf missing = b.leaf;
+  missing.blocks.pop_back();
+  expect_refused({missing}, "block [6:8, 0:2] is missing");
+  HostLeaf twice = b.leaf;
+  twice.blocks.push_back(twice.blocks.front());
+  expect_refused({twice}, "is given twice");
+  HostLeaf wrong_box = b.leaf;
+  wrong_box.blocks[1].first = Box({1, 0}, {3, 2});
+  expect_refused({wrong_box}, "is not one of the blocks");
+  HostLeaf short_bytes = b.leaf;
+  short_bytes.blocks[0].second = short_bytes.blocks[0].second.first(4);
+  expect_refused({short_bytes}, "has 4 bytes, not the 16 of int32");
+  expect_refused({b.leaf, b.leaf}, "the leaf 'w' is given twice");
+  HostLeaf bad_spec = b.leaf;
+  bad_spec.sharding = NamedSharding(Mesh::parse("x=4"), {{"x"}, {}, {}});
+  expect_refused({bad_spec}, "'w'");
+  // A 0-sized array has nothing to write: its empty blocks may be left out.
+  const HostArray empty({0, 3}, DType::kF32);
+  HostLeaf none{"e", empty.shape(), empty.dtype(), rows, {}};
+  EXPECT_NO_THROW(stage_host({none}));
+}
+
+TEST(RestoreTarget, LogicalAxesResolveThroughTheSavedRules) {
+  Runtime rt = Runtime::host(8);
+  TempDir tmp;
+  const Mesh saved_mesh = Mesh::parse("fsdp=4");
+  State s;
+  s.insert("w", Variable(kParam, device_put(rt, testing::iota({8, 4}), NamedSharding(saved_mesh, {{"fsdp"}})),
+                         Partitioning::by_logical({"embed", "mlp"})));
+  s.insert("b", Variable(kParam, device_put(rt, testing::iota({4}), NamedSharding(saved_mesh, {{"fsdp"}}))));
+  SaveOptions options;
+  options.rules = LogicalRules({{"embed", {"fsdp"}}, {"mlp", {"tensor"}}});
+  save(tmp.path() / "item", s, options);
+
+  const Mesh mesh = Mesh::parse("fsdp=2,tensor=4");
+  const State target = restore_target(tmp.path() / "item", mesh);
+  EXPECT_EQ(target.at("w").sharding()->spec(), (PartitionSpec{{"fsdp"}, {"tensor"}}));  // the saved rules
+  EXPECT_EQ(target.at("b").sharding()->spec(), (PartitionSpec{{"fsdp"}}));               // the saved spec
+  TargetOptions other;
+  other.rules = LogicalRules({{"mlp", {"fsdp"}}});
+  other.paths = {"w"};
+  const State only_w = restore_target(tmp.path() / "item", mesh, other);
+  EXPECT_EQ(only_w.size(), 1u);
+  EXPECT_EQ(only_w.at("w").sharding()->spec(), (PartitionSpec{{}, {"fsdp"}}));
+  other.paths = {"nope"};
+  EXPECT_THAT([&] { restore_target(tmp.path() / "item", mesh, other); },
+              ThrowsMessage<ValueError>(HasSubstr("'nope' is not in")));
+  EXPECT_THAT([&] { restore_target(tmp.path() / "item", Mesh::parse("data=2")); },
+              ThrowsMessage<ValueError>(HasSubstr("'b': its saved spec PartitionSpec('fsdp') does not fit")));
+}
+
+}  // namespace
+}  // namespace tessel
