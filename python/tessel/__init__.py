@@ -1,0 +1,48 @@
+"""tessel: GSPMD-style sharding of model state.
+
+Meshes, PartitionSpecs and NamedShardings with JAX's semantics; logical axis rules resolved as
+Flax Linen's ``logical_to_mesh_axes`` with MaxText's options; Orbax checkpoints saved and restored
+onto any mesh, each device's block read straight from disk (``tessel.checkpoint``).
+
+    >>> import tessel
+    >>> mesh = tessel.Mesh({"data": 2, "fsdp": 4})
+    >>> rules = tessel.LogicalRules([("embed", "fsdp"), ("mlp", "tensor")])
+    >>> rules.resolve(("embed", "mlp"), tessel.Mesh({"fsdp": 4, "tensor": 2}))
+    PartitionSpec('fsdp', 'tensor')
+"""
+from tessel._tessel import (
+    ArgumentError,
+    Error,
+    IoError,
+    LogicalRules,
+    Mesh,
+    NamedSharding,
+    OutOfMemoryError,
+    ParseError,
+    PartitionSpec,
+    ShardingError,
+    load_rules,
+)
+from tessel._jax import from_jax, to_jax
+from tessel import checkpoint
+
+P = PartitionSpec
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError",
+    "Error",
+    "IoError",
+    "LogicalRules",
+    "Mesh",
+    "NamedSharding",
+    "OutOfMemoryError",
+    "P",
+    "ParseError",
+    "PartitionSpec",
+    "ShardingError",
+    "checkpoint",
+    "from_jax",
+    "load_rules",
+    "to_jax",
+]
