@@ -3,8 +3,9 @@
 # (fsync) and cached read bandwidth of 8 files, then tessel saving a 2 GiB f32 state from 8 virtual
 # devices (fsdp=8), restoring it onto the same mesh and onto data=2,tensor=4, uncompressed and
 # with zstd level 1, in Orbax's default OCDBT layout and in the plain layout (a file per chunk),
-# each in its own process (peak RSS per run); and Debian's python3-zarr writing and reading the
-# same arrays as the peer.
+# each in its own process (peak RSS per run); and the peers on the same state (bench/ckpt_peers.py,
+# from the project's environment): Orbax and TensorStore saving from and restoring into jax.Arrays
+# on 8 host CPU devices, tessel's Python package doing the same, and python zarr on the host.
 # Usage: bench/checkpoint_bench.sh [BUILD_DIR] [SCRATCH_DIR] [BYTES]
 #   BUILD_DIR default build; SCRATCH_DIR default a directory under the repo's parent (disk, not
 #   tmpfs); BYTES default 2147483648. Needs about 3x BYTES of disk and 3x BYTES of memory.
@@ -32,47 +33,31 @@ for codec in none zstd:1; do
     rm -rf "$dir"
   done
 done
-cat > "$scratch/peer.py" <<'PY'
-# The peer: python3-zarr writing and reading the same arrays (8192 x 4096 f32, 8 row chunks each).
-# peer.py write|read|columns DIR BYTES CODEC; each read runs in its own process, as tessel's do.
-import json, os, sys, time
-import numpy as np, zarr
-from numcodecs import Zstd
-mode, dest, total, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-n = max(1, total // (8192 * 4096 * 4))
-b = n * 8192 * 4096 * 4
-t0 = time.perf_counter()
-if mode == "write":
-    rng = np.random.default_rng(0)
-    bits = (rng.integers(0, 1 << 25, size=(8192, 4096), dtype=np.uint32) | np.uint32(0x3c000000))
-    value = bits.view(np.float32)
-    comp = Zstd(level=1) if name == "zstd:1" else None
-    t0 = time.perf_counter()
-    for i in range(n):
-        z = zarr.open(f"{dest}/{i}", mode="w", shape=value.shape, chunks=(1024, 4096), dtype="<f4", compressor=comp)
-        z[...] = value
-    os.sync()
-elif mode == "read":  # as a restore does: every array kept in memory until all are read
-    kept = [zarr.open(f"{dest}/{i}", mode="r")[...] for i in range(n)]
-else:  # the restore onto data=2,tensor=4 by hand: 4 column blocks of every array, each kept twice
-    kept = []
-    for i in range(n):
-        z = zarr.open(f"{dest}/{i}", mode="r")
-        for k in range(4):
-            block = z[:, k * 1024:(k + 1) * 1024]
-            kept += [block, block.copy()]
-print(json.dumps({"name": f"python3-zarr {mode} {name}", "result": {"gbps": b / (time.perf_counter() - t0) / 1e9}}))
-PY
+bash "$root/scripts/venv.sh" test
+py=$root/.venv/bin/python
+peers=$here/ckpt_peers.py
 for codec in none zstd:1; do
-  /usr/bin/python3 "$scratch/peer.py" write "$scratch/zarr-$codec" "$bytes" "$codec" >> "$out"
+  "$py" "$peers" zarr write "$scratch/zarr-$codec" "$bytes" "$codec" >> "$out"
   for attempt in 1 2 3; do
-    /usr/bin/python3 "$scratch/peer.py" read "$scratch/zarr-$codec" "$bytes" "$codec" >> "$out"
-    /usr/bin/python3 "$scratch/peer.py" columns "$scratch/zarr-$codec" "$bytes" "$codec" >> "$out"
+    "$py" "$peers" zarr read "$scratch/zarr-$codec" "$bytes" "$codec" >> "$out"
+    "$py" "$peers" zarr columns "$scratch/zarr-$codec" "$bytes" "$codec" >> "$out"
   done
   rm -rf "$scratch/zarr-$codec"
 done
+for peer_codec in orbax:none orbax:zstd:1 tensorstore:none tessel:none; do
+  peer=${peer_codec%%:*} codec=${peer_codec#*:}
+  dir=$scratch/$peer-$codec
+  "$py" "$peers" "$peer" save "$dir" "$bytes" "$codec" >> "$out"
+  for attempt in 1 2 3; do
+    for mesh in fsdp=8 data=2,tensor=4; do
+      # The peer's restore does not know the codec: the row's name gets it.
+      "$py" "$peers" "$peer" restore "$dir" "$bytes" "$mesh" | sed "s/ restore $mesh/ restore $codec $mesh/" >> "$out"
+    done
+  done
+  rm -rf "$dir"
+done
 
-python3 - "$out" <<'PY'
+"$py" - "$out" <<'PY'
 import json, sys
 rows = {}
 for j in map(json.loads, open(sys.argv[1])):  # of repeated runs, keep the fastest
@@ -115,10 +100,30 @@ for codec in ["none", "zstd:1"]:
         line += f", restore -> {mesh} {o['gbps'] / f['gbps']:5.2f}x (reused memory {o['warm_gbps'] / f['warm_gbps']:5.2f}x)"
     print(line)
 for codec in ["none", "zstd:1"]:
-    zw, zr, zc = (rows[f"python3-zarr {m} {codec}"]["gbps"] for m in ("write", "read", "columns"))
+    zw, zr, zc = (rows[f"zarr {m} {codec}"]["gbps"] for m in ("write", "read", "columns"))
     s, r = rows[f"save ocdbt {codec}"], rows[f"restore ocdbt {codec} fsdp=8"]
     rc = rows[f"restore ocdbt {codec} data=2,tensor=4"]
-    print(f"\npython3-zarr {codec:7s}: write {zw:5.2f} GB/s (tessel {s['gbps'] / zw:4.1f}x), "
+    print(f"\npython zarr {codec:7s}: write {zw:5.2f} GB/s (tessel {s['gbps'] / zw:4.1f}x), "
           f"read {zr:5.2f} GB/s (tessel {r['gbps'] / zr:4.1f}x), "
           f"onto data=2,tensor=4 {zc:5.2f} GB/s (tessel {rc['gbps'] / zc:4.1f}x)")
+print("\nInto jax.Arrays on 8 host devices, the same 2 GiB state (ratio: tessel's native restore, and tessel's")
+print("Python package into jax.Arrays, over the peer; peak RSS above the process's start and the target bytes):")
+def over(r):
+    return (r["peak_rss"] - r["base_rss"] - r["target_bytes"]) / mib
+for peer, codec in [("orbax", "none"), ("orbax", "zstd:1"), ("tensorstore", "none"), ("tessel-python", "none")]:
+    s = rows[f"{peer} save {codec}"]
+    ours = rows[f"save ocdbt {codec}"]
+    print(f"  {peer:13s} save    {codec:7s}: {s['gbps']:5.2f} GB/s (tessel {ours['gbps'] / s['gbps']:4.2f}x), "
+          f"peak RSS above start {(s['peak_rss'] - s['base_rss']) / mib:7.0f} MiB")
+    for mesh in ["fsdp=8", "data=2,tensor=4"]:
+        r = rows[f"{peer} restore {codec} {mesh}"]
+        native = rows[f"restore ocdbt {codec} {mesh}"]
+        line = (f"  {peer:13s} restore {codec:7s} -> {mesh:16s}: {r['gbps']:5.2f} GB/s "
+                f"(tessel {native['gbps'] / r['gbps']:4.2f}x")
+        if peer != "tessel-python" and codec == "none":
+            mine = rows[f"tessel-python restore none {mesh}"]
+            line += f", tessel-python {mine['gbps'] / r['gbps']:4.2f}x"
+        line += (f"), peak RSS - target above start {over(r):7.0f} MiB "
+                 f"(tessel native: {(native['peak_rss'] - native['target_bytes']) / mib:.0f} MiB above target)")
+        print(line)
 PY

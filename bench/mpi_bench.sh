@@ -19,7 +19,7 @@ steps=40
 "$build/src/tessel" train --steps $steps --metrics "$work/one.jsonl" > /dev/null
 "${mpirun[@]}" -np 2 "$build/src/tessel" train --devices-per-process 4 --steps $steps --metrics "$work/two.jsonl" > /dev/null
 
-/usr/bin/python3 - "$work" <<'PY'
+python3 - "$work" <<'PY'
 import json, statistics, sys
 work = sys.argv[1]
 print("collectives between 2 ranks (bandwidth = bytes / time of the slowest rank, median):")

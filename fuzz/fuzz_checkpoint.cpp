@@ -1,7 +1,7 @@
 // libFuzzer target for what a checkpoint directory feeds tessel: `_METADATA` (with `_sharding`),
 // `.zarray` and `zarr.json`, saved sharding strings, chunk bytes through the none/zstd/blosc
 // decoders, the data position `tessel train` saves beside the state, OCDBT manifests and B+tree
-// nodes, and zarr3 shard indexes.
+// nodes, zarr3 shard indexes, and a step's `_CHECKPOINT_METADATA` (Orbax's item handlers).
 // The first byte picks the parser; tessel::Error is the expected outcome of bad input.
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessel/checkpoint/codec.h"
+#include "tessel/checkpoint/items.h"
 #include "tessel/checkpoint/metadata.h"
 #include "tessel/checkpoint/ocdbt.h"
 #include "tessel/checkpoint/zarr.h"
@@ -18,7 +19,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t mode = data[0] % 10;
+  const uint8_t mode = data[0] % 11;
   std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     switch (mode) {
@@ -77,6 +78,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                   static_cast<uint8_t>(text[0]) / 4 % per, shard, "shard");
         break;
       }
+      case 10:
+        (void)tessel::parse_item_handlers(text, "_CHECKPOINT_METADATA");
+        break;
     }
   } catch (const tessel::Error&) {
   }

@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages tessel needs, if any is missing (run as root).
-# Usage: scripts/install-deps.sh [build|test|bench]
-#   test adds clang for the fuzzers and the zstd tool for the reference OCDBT reader; bench adds
-#   the OpenMP build of OpenBLAS (the training peer's tuned configuration). Python tools (JAX, Flax,
-#   Orbax, zarr, PyTorch) come from PyPI into .venv: scripts/venv.sh.
+# Usage: scripts/install-deps.sh [build|test]
+#   test adds clang for the fuzzers and the zstd tool for the reference OCDBT reader. Python tools
+#   (JAX, Flax, Orbax, zarr, PyTorch) come from PyPI into .venv: scripts/venv.sh.
 set -euo pipefail
 packages=(cmake make g++ pkg-config nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
           libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev
           libopenmpi-dev openmpi-bin)
-if [ "${1:-build}" = test ] || [ "${1:-build}" = bench ]; then
+if [ "${1:-build}" = test ]; then
   packages+=(clang libclang-rt-14-dev zstd)
-fi
-if [ "${1:-build}" = bench ]; then
-  packages+=(libopenblas0-openmp)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -15,6 +15,7 @@ tessel's C++ API and CLI read what this writes, and this reads what they write.
 from __future__ import annotations
 
 import fnmatch
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -248,7 +249,7 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
          logical_axes: Any = None, rules: LogicalRules | None = None, compression: str = "none",
          use_ocdbt: bool = True, use_zarr3: bool = False, max_chunk_bytes: int = 64 << 20) -> None:
     """Saves a tree (dicts, lists, tuples) of NumPy arrays, scalars and jax.Arrays as one Orbax
-    PyTree item in the new directory `path`, atomically.
+    PyTree item in the new directory `path` (its parents are created), atomically.
 
     A jax.Array keeps its own sharding and each of its distinct blocks is written once, from its
     replica 0. A NumPy leaf is saved with its entry in `shardings` (a tree or a {path: sharding}
@@ -264,6 +265,7 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
         if p not in leaves:
             raise ArgumentError(f"'{p}' has a sharding or logical axes but is not a leaf of the tree")
     records = [_leaf_record(p, leaf, given.get(p), mesh, axes.get(p)) for p, leaf in leaves.items()]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as Orbax does
     _tessel.save_leaves(str(path), records, compression, use_ocdbt, use_zarr3, max_chunk_bytes, rules,
                         sorted(sequences))
 
@@ -296,7 +298,7 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
     `shardings` (a tree or {path: value} of NamedShardings, PartitionSpecs on `mesh`, or
     jax.ShapeDtypeStructs, whose dtype it is then cast to); else, with `mesh`, its saved logical
     axes through `rules` (default: the saved rules), or its saved spec on `mesh`; else its saved
-    sharding. `select` keeps the arrays whose path matches a glob ("params.decoder.*").
+    sharding, or for a leaf saved without one (Orbax's NumPy arrays and scalars) device 0. `select` keeps the arrays whose path matches a glob ("params.decoder.*").
 
     Returns the tree (dicts, and lists where Orbax recorded sequences) of ShardedArrays, or of
     jax.Arrays with `as_jax=True`.
@@ -324,8 +326,8 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
             sharding = from_mesh[p]
         elif saved[p][3] is not None:
             sharding = saved[p][3]
-        else:
-            raise ArgumentError(f"'{p}' was saved without a sharding: give mesh= or shardings=")
+        else:  # a NumPy array or a scalar as Orbax saves them: one copy, on device 0
+            sharding = NamedSharding(Mesh([("device", 1)]), PartitionSpec())
         target.append((p, sharding, None if dtype is None else _dtype_name(dtype, p)))
     restored = _tessel.restore_leaves(item_dir, target, staging_mb << 20)
     out = {}

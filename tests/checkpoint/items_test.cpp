@@ -86,6 +86,16 @@ TEST(Items, AnItemWithoutMetadataIsFoundByItsArrays) {
   EXPECT_EQ(find_item_dir(tmp.path()), tmp.path() / "7" / "params");
 }
 
+TEST(Items, AStepSavedAsABareItemIsItsOwnItem) {
+  Runtime rt = Runtime::host(4);
+  TempDir tmp;
+  save(tmp.path() / "7", small_state(rt));  // OCDBT: the item has subdirectories of its own
+  EXPECT_EQ(find_item_dir(tmp.path()), tmp.path() / "7");
+  EXPECT_EQ(find_item_dir(tmp.path(), 7), tmp.path() / "7");
+  EXPECT_THAT([&] { find_item_dir(tmp.path(), std::nullopt, "default"); },
+              ThrowsMessage<ValueError>(HasSubstr("is a single item")));
+}
+
 TEST(Items, MalformedCheckpointMetadataIsAParseError) {
   Runtime rt = Runtime::host(4);
   TempDir tmp;

@@ -1,5 +1,6 @@
 """Orbax reads what tessel writes: the real orbax.checkpoint restores tessel checkpoints onto a JAX
-mesh of 8 CPU devices with another sharding, bit-identical to what tessel saved.
+mesh of 8 CPU devices with another sharding, bit-identical to what tessel saved; TensorStore opens
+every array directly (its zarr/zarr3 driver over its OCDBT or file key-value store).
 
 - Random trees (nested dicts and lists; f32, bf16, f16, f64, i8, i32, i64, u8, u32, bool; scalars
   and 0-sized arrays), saved by tessel.checkpoint.save from NumPy arrays with random shardings and
@@ -18,6 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import tensorstore as ts
 
 import tessel
 from conftest import cli
@@ -26,6 +28,16 @@ from trees import (assert_bit_identical, leaves, map_tree, np_dtype, random_arra
 
 LAYOUTS = [(ocdbt, zarr3, compression) for ocdbt in (True, False) for zarr3 in (False, True)
            for compression in ("none", "zstd")]
+
+
+def tensorstore_read(item_dir, name, use_ocdbt, use_zarr3):
+    """One array of an item, read by TensorStore itself (Orbax's storage layer)."""
+    item_dir = os.path.abspath(item_dir)
+    if use_ocdbt:
+        kvstore = {"driver": "ocdbt", "base": f"file://{item_dir}", "path": f"{name}/"}
+    else:
+        kvstore = {"driver": "file", "path": os.path.join(item_dir, name) + "/"}
+    return ts.open({"driver": "zarr3" if use_zarr3 else "zarr", "kvstore": kvstore}, open=True).result().read().result()
 
 
 def orbax_restore_onto(rng, item_dir, desc, devices):
@@ -59,7 +71,10 @@ def test_orbax_restores_random_trees_tessel_saved(rng, tmp, x64, use_ocdbt, use_
         for path, want in leaves(values).items():
             got = leaves(restored)[path]
             assert got.sharding == leaves(target)[path].sharding, path
-            assert_bit_identical(np.asarray(got), want, f"{path} ({compression}, ocdbt={use_ocdbt}, zarr3={use_zarr3})")
+            where = f"{path} ({compression}, ocdbt={use_ocdbt}, zarr3={use_zarr3})"
+            assert_bit_identical(np.asarray(got), want, where)
+            direct = tensorstore_read(item, path.replace("/", "."), use_ocdbt, use_zarr3)
+            assert_bit_identical(direct, want, f"TensorStore: {where}")
             seen["leaves"] += 1
             seen["jax"] += not isinstance(leaves(tree)[path], np.ndarray)
             seen["scalar"] += want.shape == ()

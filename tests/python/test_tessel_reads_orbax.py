@@ -170,6 +170,19 @@ def test_restored_jax_arrays_equal_orbax_restore(rng, tmp, x64):
         assert_bit_identical(np.asarray(got), np.asarray(leaves(theirs)[p]), p)
 
 
+def test_numpy_arrays_and_scalars_orbax_saved(rng, tmp, x64):
+    """Orbax's np.ndarray and scalar leaves (no sharding saved): on device 0, or onto a mesh."""
+    values = {"lr": 3.5, "count": 7, "table": random_array(rng, (6, 4), "float32"), "mask": random_array(rng, (5,), "bool")}
+    path = os.path.join(tmp, "item")
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(path, values)
+    meta = tessel.checkpoint.info(path)
+    assert {a["path"] for a in meta["arrays"]} == set(values)
+    for restored in (tessel.checkpoint.restore(path), tessel.checkpoint.restore(path, mesh=tessel.Mesh({"x": 4}))):
+        for name, want in values.items():
+            assert_bit_identical(restored[name].to_numpy(), np.asarray(want), name)
+
+
 def test_bad_requests_are_clear_errors(rng, tmp):
     devices = jax.devices()
     values, arrays, mesh = random_jax_tree(rng, devices)

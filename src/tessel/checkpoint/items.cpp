@@ -27,19 +27,10 @@ std::optional<int64_t> parse_step(const std::string& name) {
 
 bool is_plain_dir(const fs::directory_entry& e) { return e.is_directory() && !e.is_symlink(); }
 
-// Orbax's item_handlers: {item name: handler class}, or one class name for a single-item step.
 std::map<std::string, std::string> item_handlers(const fs::path& step_dir) {
   const fs::path file = step_dir / detail::kCheckpointMetadata;
-  std::map<std::string, std::string> out;
-  if (!fs::exists(fs::symlink_status(file))) return out;
-  const json_util::Json j = json_util::parse(detail::read_file(file, kMaxCheckpointMetadataBytes), file.string());
-  if (!j.is_object()) throw ParseError(file.string(), 0, 0, "expected a JSON object");
-  if (!j.contains("item_handlers") || j["item_handlers"].is_null()) return out;
-  const json_util::Json& h = j["item_handlers"];
-  if (h.is_string()) return out;  // a single unnamed item: the handler says nothing about names
-  if (!h.is_object()) throw ParseError(file.string(), 0, 0, "'item_handlers' must be an object of item names");
-  for (const auto& [name, handler] : h.items()) out[name] = handler.is_string() ? handler.get<std::string>() : "";
-  return out;
+  if (!fs::exists(fs::symlink_status(file))) return {};
+  return parse_item_handlers(detail::read_file(file, kMaxCheckpointMetadataBytes), file.string());
 }
 
 std::string names_of(const std::vector<ItemInfo>& items, bool arrays_only) {
@@ -51,8 +42,13 @@ std::string names_of(const std::vector<ItemInfo>& items, bool arrays_only) {
   return s.empty() ? "none" : s;
 }
 
-// The PyTree item of a step directory: `item` when given, else the only one.
+// The PyTree item of a step directory: `item` when given, else the only one. A step saved as a
+// bare item (StandardCheckpointer.save("ckpt/7")) is its own item.
 fs::path choose_item(const fs::path& step_dir, const std::optional<std::string>& item) {
+  if (is_item_dir(step_dir)) {
+    if (item) throw ValueError("--item: step '" + step_dir.string() + "' is a single item, not a directory of items");
+    return step_dir;
+  }
   const std::vector<ItemInfo> items = list_items(step_dir);
   if (item) {
     for (const auto& i : items) {
@@ -79,6 +75,19 @@ fs::path choose_item(const fs::path& step_dir, const std::optional<std::string>&
 }
 
 }  // namespace
+
+std::map<std::string, std::string> parse_item_handlers(std::string_view text, std::string_view source) {
+  const std::string where(source);
+  const json_util::Json j = json_util::parse(text, source);
+  if (!j.is_object()) throw ParseError(where, 0, 0, "expected a JSON object");
+  std::map<std::string, std::string> out;
+  if (!j.contains("item_handlers") || j["item_handlers"].is_null()) return out;
+  const json_util::Json& h = j["item_handlers"];
+  if (h.is_string()) return out;  // a single unnamed item: the handler says nothing about names
+  if (!h.is_object()) throw ParseError(where, 0, 0, "'item_handlers' must be an object of item names");
+  for (const auto& [name, handler] : h.items()) out[name] = handler.is_string() ? handler.get<std::string>() : "";
+  return out;
+}
 
 std::vector<int64_t> list_steps(const fs::path& root) {
   std::vector<int64_t> steps;

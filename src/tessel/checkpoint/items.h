@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tessel {
@@ -23,6 +25,11 @@ struct ItemInfo {
   std::string handler;        // Orbax's handler class from _CHECKPOINT_METADATA; "" if not recorded
   bool holds_arrays = false;  // a PyTree item (what restore reads), not a JSON item
 };
+
+// Orbax's `item_handlers` from the text of a `_CHECKPOINT_METADATA`: {item name: handler class}
+// (empty when it records none, or one class for a single unnamed item). Throws ParseError naming
+// `source` for malformed JSON or an `item_handlers` that is neither an object nor a string.
+std::map<std::string, std::string> parse_item_handlers(std::string_view text, std::string_view source);
 
 // True for a directory that is one PyTree item: it has `_METADATA`, `_sharding` or
 // `manifest.ocdbt`, or subdirectories that are zarr arrays.

@@ -1,0 +1,73 @@
+"""The Python package itself: the examples of docs/python.md run as written, errors are Python
+exceptions of the right classes, and the CLI runs from the package."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tessel
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+
+
+def doc_examples():
+    text = open(DOCS).read()
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_every_python_example_in_the_docs_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    examples = doc_examples()
+    assert len(examples) >= 3
+    shared = {}
+    for code in examples:
+        code = code.replace("/tmp/ckpt", str(tmp_path / "ckpt"))
+        code = code.replace('"base.yml"', repr(os.path.join(os.environ.get("TESSEL_SHARED", os.path.join(
+            os.path.dirname(__file__), "..", "..", "..", "shared")), "testdata", "maxtext", "base.yml")))
+        exec(compile(code, DOCS, "exec"), shared)
+    assert shared["w"].to_numpy().shape == (16, 8)
+    assert shared["w"].shards[3].data.shape == (8, 8) and shared["w"].shards[3].index[0] == slice(8, 16)
+    assert shared["s"].devices_indices_map((16, 8))[5] == (slice(4, 8, None), slice(0, 8, None))
+
+
+def test_errors_are_python_exceptions_with_tessels_messages(tmp_path):
+    with pytest.raises(tessel.ArgumentError, match="size 0") as e:
+        tessel.Mesh({"data": 0})
+    assert isinstance(e.value, ValueError) and isinstance(e.value, tessel.Error)
+    with pytest.raises(tessel.ShardingError, match="mesh"):
+        tessel.LogicalRules([("embed", "nope")]).resolve(("embed",), tessel.Mesh({"x": 2}))
+    with pytest.raises(tessel.ParseError):
+        tessel.load_rules("logical_axis_rules: [[")
+    with pytest.raises(tessel.IoError) as io:
+        tessel.load_rules(str(tmp_path / "missing.yml"))
+    assert isinstance(io.value, OSError)
+    with pytest.raises(tessel.IoError, match="not a directory"):
+        tessel.checkpoint.restore(str(tmp_path / "nothing"))
+    with pytest.raises(tessel.ArgumentError, match="not None, a mesh axis name"):
+        tessel.PartitionSpec(3)
+    with pytest.raises(tessel.ArgumentError, match="key 'a/b' is empty or contains '/'"):
+        tessel.checkpoint.save(str(tmp_path / "x"), {"a/b": np.zeros(2)})
+    with pytest.raises(tessel.ArgumentError, match="not one of the blocks|is missing"):
+        mesh = tessel.Mesh({"x": 2})
+        tessel._tessel.save_leaves(str(tmp_path / "y"), [("w", "float32", (4,), tessel.NamedSharding(mesh, tessel.P("x")),
+                                                          [((0,), (2,), np.zeros(8, np.uint8))], None)],
+                                   "none", True, False, 1 << 20, None, [])
+    assert not os.path.exists(tmp_path / "y")
+
+
+def test_saving_over_an_existing_checkpoint_is_refused(tmp_path):
+    tessel.checkpoint.save(str(tmp_path / "c"), {"a": np.arange(3)})
+    with pytest.raises(tessel.IoError, match="already exists"):
+        tessel.checkpoint.save(str(tmp_path / "c"), {"a": np.arange(3)})
+
+
+def test_the_cli_runs_from_the_package():
+    for cmd in ([sys.executable, "-m", "tessel", "--version"], [os.path.join(os.path.dirname(sys.executable), "tessel"), "--version"]):
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0 and "tessel 0.1.0" in out.stdout, (cmd, out.stdout, out.stderr)
+    bad = subprocess.run([sys.executable, "-m", "tessel", "shardings", "--mesh", "x=0", "--spec", "[]", "--shape", "2"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "tessel: error:" in bad.stderr
