@@ -221,6 +221,8 @@ def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, l
     if leaf is None:
         raise ArgumentError(f"'{path}': None leaves are not saved; drop them from the tree")
     if type(leaf).__module__.startswith(("jax", "jaxlib")) and hasattr(leaf, "addressable_shards"):
+        if sharding_value is not None:
+            raise ArgumentError(f"'{path}' is a jax.Array: it is saved with its own sharding, not one from shardings=")
         sharding = from_jax(leaf.sharding)
         blocks = []
         for s in leaf.addressable_shards:

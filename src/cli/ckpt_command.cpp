@@ -57,23 +57,26 @@ void info(const CkptArgs& a) {
   std::string text;
   const fs::path root(a.dir);
   const fs::path item = find_item_dir(root, a.step, a.item);
-  // The step directory the item is in, when it is in one (not when DIR is the item itself).
+  // The steps of DIR and the items of the item's step, unless DIR is the item itself, or the
+  // step is one bare item.
   if (item != root) {
-    const fs::path step_dir = item.parent_path();
-    if (step_dir != root) {
-      const std::vector<int64_t> steps = list_steps(root);
+    const std::vector<int64_t> steps = list_steps(root);
+    if (!steps.empty()) {
       j["steps"] = steps;
       text += fmt::format("steps: {} (latest {})\n", fmt::join(steps, ", "), steps.back());
     }
-    j["items"] = nlohmann::json::array();
-    std::vector<std::string> lines;
-    for (const ItemInfo& i : list_items(step_dir)) {
-      const std::string what = i.holds_arrays ? "arrays" : "json";
-      j["items"].push_back({{"name", i.name}, {"handler", i.handler}, {"holds_arrays", i.holds_arrays}});
-      lines.push_back(fmt::format("  {} ({}{}){}", i.name, what, i.handler.empty() ? "" : ", " + short_handler(i.handler),
-                                  step_dir / i.name == item ? "  <- shown" : ""));
+    const fs::path step_dir = item.parent_path();
+    if (step_dir != root || steps.empty()) {
+      j["items"] = nlohmann::json::array();
+      std::vector<std::string> lines;
+      for (const ItemInfo& i : list_items(step_dir)) {
+        j["items"].push_back({{"name", i.name}, {"handler", i.handler}, {"holds_arrays", i.holds_arrays}});
+        lines.push_back(fmt::format("  {} ({}{}){}", i.name, i.holds_arrays ? "arrays" : "json",
+                                    i.handler.empty() ? "" : ", " + short_handler(i.handler),
+                                    step_dir / i.name == item ? "  <- shown" : ""));
+      }
+      text += fmt::format("{}: items\n{}\n", step_dir.string(), fmt::join(lines, "\n"));
     }
-    text += fmt::format("{}: items\n{}\n", step_dir.string(), fmt::join(lines, "\n"));
   }
   j["item"] = item.string();
   const ItemMetadata meta = read_item_metadata(item);
@@ -184,23 +187,10 @@ void restore_command(const CkptArgs& a) {
   std::cout << (a.json ? j.dump(2) + "\n" : text);
 }
 
+// The .npy header's descr: NumPy's type string (bfloat16 has none).
 std::string npy_descr(DType d) {
-  switch (d) {
-    case DType::kBool: return "|b1";
-    case DType::kU8: return "|u1";
-    case DType::kI8: return "|i1";
-    case DType::kI32: return "<i4";
-    case DType::kI64: return "<i8";
-    case DType::kI16: return "<i2";
-    case DType::kU16: return "<u2";
-    case DType::kU32: return "<u4";
-    case DType::kU64: return "<u8";
-    case DType::kF16: return "<f2";
-    case DType::kF32: return "<f4";
-    case DType::kF64: return "<f8";
-    case DType::kBF16: break;
-  }
-  throw ValueError("bfloat16 has no NumPy dtype");
+  if (d == DType::kBF16) throw ValueError("bfloat16 has no NumPy dtype");
+  return std::string(numpy_typestr(d));
 }
 
 void export_command(const CkptArgs& a) {

@@ -31,6 +31,36 @@ TEST(CkptCli, InfoListsEveryParameter) {
   EXPECT_GT(info["stored_bytes"].get<int64_t>(), 0);
 }
 
+TEST(CkptCli, InfoShowsStepsAndTheStepsItems) {
+  testing::TempDir tmp;
+  // A directory of steps whose steps are bare items (as StandardCheckpointer.save("ckpt/5") writes).
+  for (const char* step : {"5", "9"}) {
+    const std::string cmd = std::string(TESSEL_CKPT_HELPER) + " item " + (tmp.path() / step).string() + " none";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  Result bare = run("ckpt info " + tmp.path().string());
+  ASSERT_EQ(bare.rc, 0) << bare.err;
+  EXPECT_THAT(bare.out, HasSubstr("steps: 5, 9 (latest 9)"));
+  EXPECT_THAT(bare.out, ::testing::Not(HasSubstr("items")));
+  EXPECT_THAT(bare.out, HasSubstr("item " + (tmp.path() / "9").string()));
+  // A step of named items beside a JSON item: each listed with what it holds.
+  const fs::path step = tmp.path() / "run" / "3";
+  fs::create_directories(step / "meta");
+  tmp.write("run/3/meta/metadata", "{}");
+  const std::string cmd = std::string(TESSEL_CKPT_HELPER) + " item " + (step / "items").string() + " none";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  Result named = run("ckpt info " + (tmp.path() / "run").string() + " --json");
+  ASSERT_EQ(named.rc, 0) << named.err;
+  auto j = nlohmann::json::parse(named.out);
+  EXPECT_EQ(j["steps"], nlohmann::json::array({3}));
+  ASSERT_EQ(j["items"].size(), 2u);
+  EXPECT_EQ(j["items"][0]["name"], "items");
+  EXPECT_EQ(j["items"][0]["holds_arrays"], true);
+  EXPECT_EQ(j["items"][1]["name"], "meta");
+  EXPECT_EQ(j["items"][1]["holds_arrays"], false);
+  expect_one_line_error(run("ckpt info " + (tmp.path() / "run").string() + " --item meta"), 1, "holds no arrays");
+}
+
 TEST(CkptCli, RestoreOntoAnotherMeshReportsDevicesAndSpeed) {
   Written w;
   Result r = run("ckpt restore " + w.item.string() + " --mesh data=1,fsdp=4,tensor=2 --json");

@@ -58,6 +58,17 @@ def test_errors_are_python_exceptions_with_tessels_messages(tmp_path):
     assert not os.path.exists(tmp_path / "y")
 
 
+def test_a_jax_array_keeps_its_own_sharding(tmp_path):
+    import jax
+
+    a = jax.device_put(np.arange(8.0), jax.devices()[0])
+    with pytest.raises(tessel.ArgumentError, match="jax.Array: it is saved with its own sharding"):
+        tessel.checkpoint.save(str(tmp_path / "j"), {"a": a}, shardings={"a": tessel.NamedSharding(tessel.Mesh({"x": 2}), tessel.P("x"))})
+    tessel.checkpoint.save(str(tmp_path / "j"), {"a": a})
+    got = tessel.checkpoint.restore(str(tmp_path / "j"))["a"]
+    assert got.sharding.mesh.device_ids == (a.devices().pop().id,) and np.array_equal(got.to_numpy(), np.arange(8.0))
+
+
 def test_saving_over_an_existing_checkpoint_is_refused(tmp_path):
     tessel.checkpoint.save(str(tmp_path / "c"), {"a": np.arange(3)})
     with pytest.raises(tessel.IoError, match="already exists"):
