@@ -5,17 +5,20 @@
 // files are read or written.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 
 #include "bindings.h"
 #include "convert.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/items.h"
+#include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 #include "tessel/runtime/array.h"
@@ -40,12 +43,6 @@ BytesOut view(const Buffer& buffer) {
   return BytesOut(data, {n}, keep);
 }
 
-nb::object partitioning_to_python(const Partitioning& p) {
-  if (p.mesh_axes) return nb::cast(*p.mesh_axes);
-  if (!p.logical.empty()) return from_logical(p.logical);
-  return nb::none();
-}
-
 // Devices the runtime must have for these meshes: ids 0 .. max id.
 int64_t devices_for(const std::vector<const Mesh*>& meshes) {
   int64_t n = 1;
@@ -56,9 +53,7 @@ int64_t devices_for(const std::vector<const Mesh*>& meshes) {
 }
 
 // save(): leaves are (path, dtype name, shape, sharding, [(block start, raw bytes)], logical axes or None).
-void save_leaves(const std::string& dir, nb::list leaves, const std::string& compression, bool use_ocdbt,
-                 bool use_zarr3, int64_t max_chunk_bytes, std::optional<LogicalRules> rules,
-                 std::vector<std::string> sequence_nodes) {
+std::vector<HostLeaf> host_leaves(nb::list leaves) {
   std::vector<HostLeaf> host;
   for (nb::handle h : leaves) {
     nb::tuple leaf = nb::borrow<nb::tuple>(h);
@@ -80,6 +75,13 @@ void save_leaves(const std::string& dir, nb::list leaves, const std::string& com
     if (!leaf[5].is_none()) l.partitioning = Partitioning::by_logical(to_logical(leaf[5], path + " logical axes"));
     host.push_back(std::move(l));
   }
+  return host;
+}
+
+void save_leaves(const std::string& dir, nb::list leaves, const std::string& compression, bool use_ocdbt,
+                 bool use_zarr3, int64_t max_chunk_bytes, std::optional<LogicalRules> rules,
+                 std::vector<std::string> sequence_nodes) {
+  std::vector<HostLeaf> host = host_leaves(leaves);
   SaveOptions options;
   options.compression = Compression::parse(compression);
   options.use_ocdbt = use_ocdbt;
@@ -90,6 +92,16 @@ void save_leaves(const std::string& dir, nb::list leaves, const std::string& com
   StagedState staged = stage_host(std::move(host));
   nb::gil_scoped_release release;
   save(dir, staged, options);
+}
+
+void save_safetensors_leaves(const std::string& dir, nb::list leaves, int64_t max_file_bytes,
+                             std::map<std::string, std::string> metadata) {
+  SafetensorsSaveOptions options;
+  options.max_file_bytes = max_file_bytes;
+  options.metadata = std::move(metadata);
+  StagedState staged = stage_host(host_leaves(leaves));
+  nb::gil_scoped_release release;
+  save_safetensors(dir, staged, options);
 }
 
 // restore(): target leaves are (path, sharding, dtype name or None); returns per leaf
@@ -138,7 +150,7 @@ nb::list saved_leaves(const std::string& item_dir) {
     const ParamMetadata* p = meta.find(path);
     nb::object sharding = v.sharding() ? nb::cast(*v.sharding()) : nb::none();
     out.append(nb::make_tuple(path, std::string(name(v.dtype())), from_shape(v.shape()), sharding,
-                              partitioning_to_python(v.partitioning()),
+                              from_partitioning(v.partitioning()),
                               p ? nb::cast(p->key_types) : nb::cast(std::vector<int>{})));
   }
   return out;
@@ -167,7 +179,7 @@ nb::list describe(const std::string& item_dir) {
     d["stored_bytes"] = i.stored_bytes;
     d["compression"] = i.compression.to_string();
     d["saved_sharding"] = i.param.sharding ? nb::cast(NamedSharding(i.param.sharding->mesh, i.param.sharding->spec)) : nb::none();
-    d["logical_axes"] = partitioning_to_python(i.param.partitioning);
+    d["logical_axes"] = from_partitioning(i.param.partitioning);
     out.append(d);
   }
   return out;
@@ -206,10 +218,12 @@ void bind_checkpoint(nb::module_& m) {
         "step_dir"_a);
   m.def("item_storage", [](const std::string& item_dir) {
     const ItemMetadata meta = read_item_metadata(item_dir);
-    return nb::make_tuple(meta.use_ocdbt, meta.use_zarr3, meta.rules ? nb::cast(*meta.rules) : nb::none());
+    return nb::make_tuple(meta.use_ocdbt, meta.use_zarr3, meta.rules ? nb::cast(*meta.rules) : nb::none(),
+                          meta.format == StorageFormat::kSafetensors ? "safetensors" : "orbax", meta.format_metadata);
   });
   m.def("save_leaves", &save_leaves, "dir"_a, "leaves"_a, "compression"_a, "use_ocdbt"_a, "use_zarr3"_a,
         "max_chunk_bytes"_a, "rules"_a, "sequence_nodes"_a);
+  m.def("save_safetensors_leaves", &save_safetensors_leaves, "dir"_a, "leaves"_a, "max_file_bytes"_a, "metadata"_a);
   m.def("restore_leaves", &restore_leaves, "item_dir"_a, "target"_a, "staging_bytes"_a);
   m.def("saved_leaves", &saved_leaves, "item_dir"_a);
   m.def("target_leaves", &target_leaves, "item_dir"_a, "mesh"_a, "rules"_a, "paths"_a);

@@ -87,4 +87,10 @@ nb::tuple to_slices(const Box& box) {
   return nb::tuple(out);
 }
 
+nb::object from_partitioning(const Partitioning& p) {
+  if (p.mesh_axes) return nb::cast(*p.mesh_axes);
+  if (!p.logical.empty()) return from_logical(p.logical);
+  return nb::none();
+}
+
 }  // namespace tessel::python

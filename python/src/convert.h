@@ -16,6 +16,7 @@
 #include "tessel/core/shape.h"
 #include "tessel/sharding/logical_rules.h"
 #include "tessel/sharding/partition_spec.h"
+#include "tessel/state/variable.h"
 
 namespace tessel::python {
 
@@ -35,6 +36,10 @@ nanobind::tuple from_shape(const Shape& shape);
 // Logical axis names per dimension: each a str or None.
 LogicalAxes to_logical(nanobind::handle names, const std::string& what = "logical_axes");
 nanobind::tuple from_logical(const LogicalAxes& names);
+
+// A variable's partitioning as Python sees it: its logical names (a tuple), its explicit mesh
+// axes (a PartitionSpec), or None.
+nanobind::object from_partitioning(const Partitioning& p);
 
 // A Box as a tuple of slices (start, stop), JAX's index form.
 nanobind::tuple to_slices(const Box& box);

@@ -1,8 +1,9 @@
 """tessel: GSPMD-style sharding of model state.
 
 Meshes, PartitionSpecs and NamedShardings with JAX's semantics; logical axis rules resolved as
-Flax Linen's ``logical_to_mesh_axes`` with MaxText's options; Orbax checkpoints saved and restored
-onto any mesh, each device's block read straight from disk (``tessel.checkpoint``).
+Flax Linen's ``logical_to_mesh_axes`` with MaxText's options; a model's abstract state and memory
+plan on any mesh (``eval_shape``, ``plan``); Orbax checkpoints saved and restored onto any mesh,
+each device's block read straight from disk (``tessel.checkpoint``).
 
     >>> import tessel
     >>> mesh = tessel.Mesh({"data": 2, "fsdp": 4})
@@ -15,7 +16,9 @@ from tessel._tessel import (
     Error,
     IoError,
     LogicalRules,
+    MemoryPlan,
     Mesh,
+    ModelConfig,
     NamedSharding,
     OutOfMemoryError,
     ParseError,
@@ -24,12 +27,14 @@ from tessel._tessel import (
     load_rules,
 )
 from tessel._jax import from_jax, to_jax
+from tessel._model import AbstractArray, eval_shape, load_model, plan
 from tessel import checkpoint
 
 P = PartitionSpec
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractArray",
     "ArgumentError",
     "Error",
     "IoError",
@@ -42,7 +47,10 @@ __all__ = [
     "PartitionSpec",
     "ShardingError",
     "checkpoint",
+    "eval_shape",
     "from_jax",
+    "load_model",
     "load_rules",
+    "plan",
     "to_jax",
 ]

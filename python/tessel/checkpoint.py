@@ -232,6 +232,12 @@ def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, l
             start = tuple(0 if sl.start is None else sl.start for sl in s.index)
             blocks.append((start, data.shape, _raw(data)))
         return (path, _dtype_name(leaf.dtype, path), tuple(leaf.shape), sharding, blocks, logical)
+    if isinstance(leaf, ShardedArray):  # restored by tessel: its blocks as they are, no copy
+        if sharding_value is not None:
+            raise ArgumentError(f"'{path}' is a restored ShardedArray: it is saved with its own sharding")
+        blocks = [(tuple(sl.start for sl in s.index), s.data.shape, _raw(s.data)) for s in leaf.shards
+                  if s.replica_id == 0]
+        return (path, _dtype_name(leaf.dtype, path), tuple(leaf.shape), leaf.sharding, blocks, logical)
     array = np.asarray(leaf)
     if sharding_value is not None:
         sharding = _as_sharding(sharding_value, mesh, f"'{path}'")[0]
@@ -270,6 +276,30 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as Orbax does
     _tessel.save_leaves(str(path), records, compression, use_ocdbt, use_zarr3, max_chunk_bytes, rules,
                         sorted(sequences))
+
+
+def save_safetensors(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = None,
+                     max_file_bytes: int = 0, metadata: Mapping[str, str] | None = None) -> None:
+    """Saves a tree of NumPy arrays, scalars and jax.Arrays as safetensors in the new directory
+    `path`, atomically: `model.safetensors`, or with `max_file_bytes` Hugging Face's
+    `model-0000i-of-0000N.safetensors` files and `model.safetensors.index.json`. Tensor names are
+    the paths with '.' between levels ({"model": {"embed": w}} -> "model.embed"); `metadata` is
+    every file's `__metadata__` (transformers writes {"format": "pt"}). Shardings as in `save`:
+    each distinct block is written once, straight to its place in the file."""
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 0:
+        raise ArgumentError(f"max_file_bytes must be a non-negative int, not {max_file_bytes!r}")
+    meta = dict(metadata or {})
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ArgumentError(f"metadata must map str to str; {k!r}: {v!r} does not")
+    leaves, _ = _flatten(tree)
+    given = _flat_map(shardings, _is_sharding_leaf)
+    for p in given:
+        if p not in leaves:
+            raise ArgumentError(f"'{p}' has a sharding but is not a leaf of the tree")
+    records = [_leaf_record(p, leaf, given.get(p), mesh, None) for p, leaf in leaves.items()]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _tessel.save_safetensors_leaves(str(path), records, max_file_bytes, meta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,6 +379,41 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
     return _unflatten(out, key_types)
 
 
+@dataclass(frozen=True)
+class _Target:
+    """A restore target leaf: a sharding and the dtype to cast to (as a jax.ShapeDtypeStruct gives)."""
+    sharding: NamedSharding
+    dtype: np.dtype
+
+
+def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = None, rules: LogicalRules | None = None,
+            dtype: Any = None, step: int | None = None, item: str | None = None,
+            select: str | Sequence[str] | None = None, max_file_bytes: int = 0, **save_options) -> str:
+    """`tessel ckpt convert`: an Orbax item or step as safetensors, or safetensors as an Orbax
+    item (`to`: "orbax" or "safetensors", default the other format of `src`). The arrays go
+    through `mesh` (default one device), cast to `dtype` when given; `save_options` go to `save`
+    (compression, use_ocdbt, use_zarr3). Returns the format written."""
+    item_dir = _tessel.find_item_dir(str(src), step, item)
+    fmt = _tessel.item_storage(item_dir)[3]
+    to = to or ("orbax" if fmt == "safetensors" else "safetensors")
+    if to not in ("orbax", "safetensors"):
+        raise ArgumentError(f"to must be 'orbax' or 'safetensors', not {to!r}")
+    mesh = mesh or Mesh([("host", 1)])
+    shardings = None
+    if dtype is not None:
+        cast = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+        shardings = {}
+        for p in _selected([rec[0] for rec in _tessel.saved_leaves(item_dir)], select):
+            target = _tessel.target_leaves(item_dir, mesh, rules, [p])[0][1]
+            shardings[p] = _Target(target, cast)
+    tree = restore(item_dir, mesh=mesh, rules=rules, select=select, shardings=shardings)
+    if to == "safetensors":
+        save_safetensors(dst, tree, metadata={"format": "pt"}, max_file_bytes=max_file_bytes)
+    else:
+        save(dst, tree, rules=rules, **save_options)
+    return to
+
+
 # ---------------------------------------------------------------------------------------------
 # Inspection
 
@@ -367,13 +432,13 @@ def info(path: str, *, step: int | None = None, item: str | None = None) -> dict
     """What `tessel ckpt info --json` shows: the item, its storage and, per array, its dtype,
     shape, chunks, stored bytes, codec, saved sharding and logical axes."""
     item_dir = _tessel.find_item_dir(str(path), step, item)
-    use_ocdbt, use_zarr3, rules = _tessel.item_storage(item_dir)
-    return {
-        "item": item_dir,
-        "storage": ("OCDBT" if use_ocdbt else "files") + ", " + ("zarr3" if use_zarr3 else "zarr v2"),
-        "rules": rules,
-        "arrays": _tessel.describe(item_dir),
-    }
+    use_ocdbt, use_zarr3, rules, fmt, metadata = _tessel.item_storage(item_dir)
+    storage = "safetensors" if fmt == "safetensors" else (
+        ("OCDBT" if use_ocdbt else "files") + ", " + ("zarr3" if use_zarr3 else "zarr v2"))
+    out = {"item": item_dir, "storage": storage, "rules": rules, "arrays": _tessel.describe(item_dir)}
+    if fmt == "safetensors":
+        out["metadata"] = dict(metadata)
+    return out
 
 
 def verify(path: str, *, step: int | None = None, item: str | None = None) -> dict:

@@ -1,4 +1,5 @@
-// tessel ckpt: inspect, verify, restore, export and reshard checkpoints (Orbax PyTree layout).
+// tessel ckpt: inspect, verify, restore, export, reshard and convert checkpoints (Orbax PyTree
+// items and safetensors files or sets).
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "cli/commands.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/manager.h"
+#include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
@@ -24,7 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 
 struct CkptArgs {
-  std::string dir, dst, mesh, rules, paths, path, out, compression = "none";
+  std::string dir, dst, mesh, rules, paths, path, out, compression = "none", to, dtype;
+  int64_t max_file_mb = 0;
   std::optional<int64_t> step;
   std::optional<std::string> item;
   bool json = false;
@@ -80,7 +83,9 @@ void info(const CkptArgs& a) {
   }
   j["item"] = item.string();
   const ItemMetadata meta = read_item_metadata(item);
-  const std::string storage = std::string(meta.use_ocdbt ? "OCDBT" : "files") + ", " + (meta.use_zarr3 ? "zarr3" : "zarr v2");
+  const std::string storage = meta.format == StorageFormat::kSafetensors
+                                  ? std::string("safetensors")
+                                  : std::string(meta.use_ocdbt ? "OCDBT" : "files") + ", " + (meta.use_zarr3 ? "zarr3" : "zarr v2");
   j["storage"] = storage;
   text += fmt::format("item {} ({})\n", item.string(), storage);
   text += fmt::format("{:<48} {:<16} {:<14} {:>12}  {:<8} {}\n", "parameter", "type", "chunks", "stored", "codec",
@@ -127,7 +132,8 @@ struct Target {
 // also declare the mesh's axis order.
 Target make_target(const CkptArgs& a, const fs::path& item) {
   std::optional<LogicalRules> rules = a.rules.empty() ? read_item_metadata(item).rules : load_rules(a.rules);
-  Mesh mesh = rules && !rules->mesh_axes().empty() ? Mesh::parse(a.mesh, rules->mesh_axes()) : Mesh::parse(a.mesh);
+  const std::string mesh_text = a.mesh.empty() ? "host=1" : a.mesh;
+  Mesh mesh = rules && !rules->mesh_axes().empty() ? Mesh::parse(mesh_text, rules->mesh_axes()) : Mesh::parse(mesh_text);
   TargetOptions options;
   options.rules = rules;
   if (!a.paths.empty()) {
@@ -225,39 +231,83 @@ void export_command(const CkptArgs& a) {
                            v.dtype() == DType::kBF16 ? " (as float32: NumPy has no bfloat16)" : "");
 }
 
+// The target's leaves (only those of --paths when given) restored onto its mesh.
+State restore_onto(const CkptArgs& a, const Runtime& rt, const fs::path& item, const Target& t, RestoreStats& stats) {
+  RestoreOptions options;
+  options.staging_bytes = a.staging_mb << 20;
+  options.partial = !a.paths.empty();
+  return restore(rt, item, t.state, options, &stats);
+}
+
+void save_orbax(const CkptArgs& a, const State& state, const std::optional<LogicalRules>& rules) {
+  SaveOptions options;
+  options.compression = Compression::parse(a.compression);
+  options.rules = rules;
+  apply_storage(a.storage, options);
+  save(a.dst, state, options);
+}
+
 void reshard_command(const CkptArgs& a) {
   const fs::path item = find_item_dir(a.dir, a.step, a.item);
   Target t = make_target(a, item);
   Runtime rt = runtime_for(a, t.mesh);
-  RestoreOptions options;
-  options.staging_bytes = a.staging_mb << 20;
-  options.partial = !a.paths.empty();
   RestoreStats stats;
-  State state = restore(rt, item, t.state, options, &stats);
-  SaveOptions save_options;
-  save_options.compression = Compression::parse(a.compression);
-  save_options.rules = t.rules;
-  apply_storage(a.storage, save_options);
+  State state = restore_onto(a, rt, item, t, stats);
   auto t0 = std::chrono::steady_clock::now();
-  save(a.dst, state, save_options);
+  save_orbax(a, state, t.rules);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << fmt::format("{} parameters ({}) restored onto {} in {:.3f} s and saved to {} in {:.3f} s\n", state.size(),
                            text_util::format_bytes(stats.target_bytes), t.mesh.to_string(), stats.seconds, a.dst, s);
+}
+
+// Orbax <-> safetensors: restored onto --mesh (default one device), optionally cast, then saved in
+// the other format (or the one --to names).
+void convert_command(const CkptArgs& a) {
+  const fs::path item = find_item_dir(a.dir, a.step, a.item);
+  const bool from_safetensors = read_item_metadata(item).format == StorageFormat::kSafetensors;
+  const std::string to = a.to.empty() ? (from_safetensors ? "orbax" : "safetensors") : a.to;
+  Target t = make_target(a, item);
+  if (!a.dtype.empty()) {
+    const DType dtype = parse_dtype(a.dtype);
+    State cast;
+    for (const auto& [path, v] : t.state)
+      cast.insert(path, Variable::abstract(v.kind(), v.shape(), dtype, v.sharding(), v.partitioning()));
+    t.state = std::move(cast);
+  }
+  Runtime rt = runtime_for(a, t.mesh);
+  RestoreStats stats;
+  State state = restore_onto(a, rt, item, t, stats);
+  auto t0 = std::chrono::steady_clock::now();
+  if (to == "safetensors") {
+    save_safetensors(a.dst, state, {.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+  } else {
+    save_orbax(a, state, t.rules);
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << fmt::format("{} tensors ({}) read from {} onto {} in {:.3f} s and written as {} to {} in {:.3f} s\n",
+                           state.size(), text_util::format_bytes(stats.target_bytes), item.string(), t.mesh.to_string(),
+                           stats.seconds, to, a.dst, s);
 }
 
 }  // namespace
 
 void add_ckpt_command(CLI::App& app) {
   auto args = std::make_shared<CkptArgs>();
-  CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect, verify, restore, export and reshard checkpoints");
+  CLI::App* ckpt = app.add_subcommand(
+      "ckpt", "Inspect, verify, restore, export, reshard and convert checkpoints (Orbax items, safetensors)");
   ckpt->require_subcommand(1);
   auto common = [&](CLI::App* c) {
-    c->add_option("dir", args->dir, "A checkpoint: an item, a step directory or a directory of steps")->required();
+    c->add_option("dir", args->dir,
+                  "A checkpoint: an Orbax item, step directory or directory of steps; or a .safetensors file, "
+                  "a .safetensors.index.json or a directory holding model.safetensors[.index.json]")
+        ->required();
     c->add_option("--step", args->step, "Step to use in a directory of steps (default: the latest)");
     c->add_option("--item", args->item, "Item of the step to use (default: its only PyTree item)");
   };
-  auto mesh_opts = [&](CLI::App* c) {
-    c->add_option("--mesh", args->mesh, "Target mesh, e.g. data=2,tensor=4")->required();
+  auto mesh_opts = [&](CLI::App* c, bool required = true) {
+    auto* m = c->add_option("--mesh", args->mesh, required ? "Target mesh, e.g. data=2,tensor=4"
+                                                           : "Mesh to restore onto on the way (default: one device)");
+    if (required) m->required();
     c->add_option("--rules", args->rules, "Logical axis rules (default: the rules saved with the checkpoint)");
     c->add_option("--paths", args->paths, "Only these parameters (comma-separated paths)");
     c->add_option("--staging-mb", args->staging_mb, "Host staging budget for chunk decoding, MiB")->check(CLI::PositiveNumber);
@@ -287,6 +337,23 @@ void add_ckpt_command(CLI::App& app) {
   s->add_option("--compression", args->compression, "none, zstd or zstd:<level>");
   add_storage_options(s, args->storage);
   s->callback([args] { reshard_command(*args); });
+  CLI::App* c = ckpt->add_subcommand(
+      "convert",
+      "Orbax <-> safetensors, the source's format detected.\n"
+      "  tessel ckpt convert hf_model/ ckpt/params             # safetensors -> Orbax item\n"
+      "  tessel ckpt convert ckpt/7 out/ --max-file-mb 4096      # Orbax -> model-0000i-of-0000N.safetensors");
+  common(c);
+  c->add_option("dst", args->dst, "New directory (must not exist): an Orbax item, or a Hugging Face model directory")
+      ->required();
+  c->add_option("--to", args->to, "orbax or safetensors (default: the other format)")
+      ->check(CLI::IsMember({"orbax", "safetensors"}));
+  c->add_option("--dtype", args->dtype, "Cast every tensor to this dtype (e.g. bf16, f32)");
+  c->add_option("--max-file-mb", args->max_file_mb, "safetensors: files of at most this many MiB, with an index")
+      ->check(CLI::NonNegativeNumber);
+  mesh_opts(c, false);
+  c->add_option("--compression", args->compression, "Orbax: none, zstd or zstd:<level>");
+  add_storage_options(c, args->storage);
+  c->callback([args] { convert_command(*args); });
 }
 
 }  // namespace tessel::cli

@@ -10,7 +10,8 @@ import pytest
 
 import tessel
 
-DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+DOCS = os.path.join(ROOT, "docs", "python.md")
 
 
 def doc_examples():
@@ -24,13 +25,20 @@ def test_every_python_example_in_the_docs_runs(tmp_path, monkeypatch):
     assert len(examples) >= 3
     shared = {}
     for code in examples:
-        code = code.replace("/tmp/ckpt", str(tmp_path / "ckpt"))
+        code = code.replace('"/tmp/', '"' + str(tmp_path) + "/")
+        code = code.replace('"examples/', '"' + os.path.join(ROOT, "examples") + "/")
         code = code.replace('"base.yml"', repr(os.path.join(os.environ.get("TESSEL_SHARED", os.path.join(
             os.path.dirname(__file__), "..", "..", "..", "shared")), "testdata", "maxtext", "base.yml")))
         exec(compile(code, DOCS, "exec"), shared)
     assert shared["w"].to_numpy().shape == (16, 8)
     assert shared["w"].shards[3].data.shape == (8, 8) and shared["w"].shards[3].index[0] == slice(8, 16)
     assert shared["s"].devices_indices_map((16, 8))[5] == (slice(4, 8, None), slice(0, 8, None))
+    k = shared["k"]
+    assert k.shape == (256, 4, 1024) and k.logical_axes == ("embed", "layers", "mlp")
+    assert k.sharding.spec == tessel.P("fsdp", None, "tensor")
+    assert shared["p"].total_per_device["max"] > 0 and str(shared["p"]).startswith("memory plan on")
+    params = shared["params"]["model"]["embed_tokens"]["weight"]
+    assert params.to_numpy().shape == (32, 8) and len(params.shards) == 4
 
 
 def test_errors_are_python_exceptions_with_tessels_messages(tmp_path):

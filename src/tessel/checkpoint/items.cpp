@@ -6,6 +6,7 @@
 
 #include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/checkpoint/detail/item_io.h"
+#include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 
@@ -135,6 +136,10 @@ std::vector<ItemInfo> list_items(const fs::path& step_dir) {
 }
 
 fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step, const std::optional<std::string>& item) {
+  if (is_safetensors(path)) {
+    if (step || item) throw ValueError("--step and --item are for Orbax checkpoints; '" + path.string() + "' is safetensors");
+    return path;
+  }
   if (!fs::is_directory(path)) throw IoError("'" + path.string() + "' is not a directory");
   if (is_item_dir(path)) {
     if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint item");

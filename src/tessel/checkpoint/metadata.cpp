@@ -5,6 +5,7 @@
 #include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
 #include "tessel/checkpoint/ocdbt.h"
+#include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/sharding/detail/spec_json.h"
@@ -359,7 +360,40 @@ std::string tree_from_array_names(const fs::path& item_dir, bool ocdbt) {
   return Json{{"tree_metadata", tree}, {"use_ocdbt", ocdbt}, {"use_zarr3", zarr3}}.dump();
 }
 
+namespace {
+
+// A safetensors file or set as an item: one leaf per tensor, its levels the name's '.'-parts.
+ItemMetadata safetensors_metadata(const fs::path& path) {
+  const SafetensorsSet set = open_safetensors(path);
+  ItemMetadata item;
+  item.format = StorageFormat::kSafetensors;
+  item.format_metadata = set.metadata;
+  for (const SafetensorsTensor& t : set.tensors) {
+    ParamMetadata p;
+    p.name = t.name;
+    size_t start = 0;
+    while (true) {
+      const size_t dot = t.name.find('.', start);
+      p.keys.push_back(t.name.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      p.key_types.push_back(kDictKey);
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    for (const std::string& k : p.keys) p.path += (p.path.empty() ? "" : "/") + k;
+    p.value_type = "jax.Array";
+    p.write_shape = t.shape;
+    p.dtype = t.dtype;
+    item.params.push_back(std::move(p));
+  }
+  std::sort(item.params.begin(), item.params.end(),
+            [](const ParamMetadata& a, const ParamMetadata& b) { return PathLess()(a.path, b.path); });
+  return item;
+}
+
+}  // namespace
+
 ItemMetadata read_item_metadata(const fs::path& item_dir) {
+  if (is_safetensors(item_dir)) return safetensors_metadata(item_dir);
   const fs::path meta = item_dir / "_METADATA";
   const bool ocdbt = fs::exists(fs::symlink_status(item_dir / "manifest.ocdbt"));
   std::string sharding;

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessel/core/dtype.h"
 #include "tessel/core/shape.h"
 #include "tessel/sharding/logical_rules.h"
 #include "tessel/sharding/mesh.h"
@@ -48,7 +49,12 @@ struct ParamMetadata {
   Partitioning partitioning;            // tessel: logical axes or explicit mesh axes
   std::optional<SavedSharding> sharding;  // from `_sharding`, when it holds a NamedSharding
   std::map<std::string, uint32_t> crc32c;  // tessel: chunk key -> CRC-32C of the stored bytes
+  std::optional<DType> dtype;  // safetensors: the stored dtype (an Orbax item keeps it in its zarr metadata)
 };
+
+// Where an item's arrays are: Orbax's zarr arrays (in an OCDBT database or files), or the tensors
+// of a safetensors file or set, each read as an array of one uncompressed chunk.
+enum class StorageFormat { kOrbax, kSafetensors };
 
 struct ItemMetadata {
   std::vector<ParamMetadata> params;  // in natural path order
@@ -58,13 +64,15 @@ struct ItemMetadata {
   std::optional<Mesh> mesh;                 // tessel: the mesh at save time
   std::optional<LogicalRules> rules;        // tessel: the rules at save time
   bool written_by_tessel = false;
+  StorageFormat format = StorageFormat::kOrbax;
+  std::map<std::string, std::string> format_metadata;  // safetensors: `__metadata__`
 
   const ParamMetadata* find(std::string_view path) const;  // nullptr if absent
 };
 
-// Reads `_METADATA` and, when present, `_sharding`. An OCDBT item (manifest.ocdbt) or a zarr3
-// one is refused with a message naming the format. Throws ParseError/ValueError/IoError naming
-// the file.
+// Reads `_METADATA` and, when present, `_sharding`; for a safetensors file, set or directory
+// (is_safetensors), the tensors' headers instead. Throws ParseError/ValueError/IoError naming the
+// file.
 ItemMetadata read_item_metadata(const std::filesystem::path& item_dir);
 
 // The same from text (the fuzzers' entry point); `sharding_json` may be empty (no `_sharding`).

@@ -1,5 +1,6 @@
 #include "tessel/checkpoint/zarr.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -473,6 +474,12 @@ Shape choose_chunk_shape(const Shape& write_shape, size_t item_size, int64_t max
   while (bytes() > static_cast<double>(max_bytes) && shrink_one(false)) {
   }
   return Shape(std::move(chunk));
+}
+
+ZarrArray ZarrArray::one_chunk(const Shape& shape, DType dtype) {
+  std::vector<int64_t> chunks;
+  for (int64_t d : shape.dims()) chunks.push_back(std::max<int64_t>(d, 1));
+  return ZarrArray(shape, Shape(std::move(chunks)), dtype, Compression::none());
 }
 
 }  // namespace tessel

@@ -38,6 +38,9 @@ class ZarrArray {
   // zarr v3 with one `sharding_indexed` codec (inner chunks `chunks`, shards `shard_shape`), as
   // Orbax writes it: inner codecs bytes + zstd (or none), index bytes + crc32c at the end.
   static ZarrArray sharded_v3(Shape shape, Shape shard_shape, Shape chunks, DType dtype, Compression compression);
+  // The whole array as one uncompressed chunk (a safetensors tensor); zero-sized dimensions get
+  // chunk size 1.
+  static ZarrArray one_chunk(const Shape& shape, DType dtype);
   // What TensorStore writes: compact JSON, keys sorted (v2: fill_value and filters null; v3:
   // fill_value 0).
   std::string to_json() const;

@@ -20,25 +20,42 @@ namespace {
   throw IoError(what + " '" + path.string() + "': " + std::strerror(err));
 }
 
-}  // namespace
-
-File File::open_read(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+// An existing regular file, never through a symlink.
+int open_regular(const fs::path& path, int flags, const char* what) {
+  int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ELOOP) throw IoError("refusing to follow the symlink '" + path.string() + "'");
-    fail(path, "cannot open", errno);
+    fail(path, what, errno);
   }
-  File f(fd, path);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) fail(path, "cannot stat", errno);
-  if (!S_ISREG(st.st_mode)) throw IoError("'" + path.string() + "' is not a regular file");
-  return f;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(path, "cannot stat", err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IoError("'" + path.string() + "' is not a regular file");
+  }
+  return fd;
 }
+
+}  // namespace
+
+File File::open_read(const fs::path& path) { return File(open_regular(path, O_RDONLY, "cannot open"), path); }
 
 File File::create(const fs::path& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) fail(path, "cannot create", errno);
   return File(fd, path);
+}
+
+File File::open_write(const fs::path& path) {
+  return File(open_regular(path, O_WRONLY, "cannot open for writing"), path);
+}
+
+void File::resize(int64_t size) const {
+  if (::ftruncate(fd_, size) != 0) fail(path_, "cannot resize", errno);
 }
 
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }

@@ -20,6 +20,8 @@ class File {
   static File open_read(const std::filesystem::path& path);
   // A new or truncated file, write-only (never through a symlink).
   static File create(const std::filesystem::path& path);
+  // An existing regular file, write-only, kept as it is (another writer's parts of it stay).
+  static File open_write(const std::filesystem::path& path);
 
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
@@ -40,6 +42,7 @@ class File {
   // writer flushes its own part of a shared file while others still write, and the final sync()
   // has little left to do. Metadata is left to sync().
   void flush_range(int64_t offset, int64_t size) const;
+  void resize(int64_t size) const;  // ftruncate: grows with zeros or cuts
   void sync();   // fsync
   void close();  // reports a failing close (a deferred write error) as IoError
 

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "tessel/checkpoint/safetensors.h"
+#include "tessel/checkpoint/zarr.h"
 #include "tessel/core/error.h"
 
 namespace tessel::detail {
@@ -59,6 +61,21 @@ StoredValue StoredValue::slice(int64_t offset, int64_t size, std::string where) 
 KvStore KvStore::open(const fs::path& item_dir) {
   KvStore s;
   s.dir_ = item_dir;
+  if (is_safetensors(item_dir)) {
+    const SafetensorsSet set = open_safetensors(item_dir);
+    std::vector<std::shared_ptr<const File>> files;
+    for (const fs::path& f : set.files) files.push_back(std::make_shared<const File>(File::open_read(f)));
+    auto tensors = std::make_shared<std::map<std::string, StoredValue, std::less<>>>();
+    for (const SafetensorsTensor& t : set.tensors) {
+      // Each tensor is the single chunk of an array; its key is that chunk's.
+      const ZarrArray z = ZarrArray::one_chunk(t.shape, t.dtype);
+      const std::string key = t.name + "/" + z.chunk_key(std::vector<int64_t>(t.shape.rank(), 0));
+      const std::string where = "tensor '" + t.name + "' of " + set.files[t.file].string();
+      tensors->emplace(key, StoredValue(files[t.file], set.data_starts[t.file] + t.begin, t.end - t.begin, where));
+    }
+    s.tensors_ = std::move(tensors);
+    return s;
+  }
   if (fs::exists(fs::symlink_status(item_dir / "manifest.ocdbt"))) {
     s.db_ = std::make_shared<const OcdbtDatabase>(OcdbtDatabase::open(item_dir));
   }
@@ -66,11 +83,20 @@ KvStore KvStore::open(const fs::path& item_dir) {
 }
 
 std::string KvStore::describe(std::string_view key) const {
+  if (tensors_) {
+    auto it = tensors_->find(key);
+    return it != tensors_->end() ? it->second.where() : "key '" + std::string(key) + "' of " + dir_.string();
+  }
   if (db_) return "key '" + std::string(key) + "' of the OCDBT database in " + dir_.string();
   return (dir_ / std::string(key)).string();
 }
 
 std::optional<StoredValue> KvStore::get(std::string_view key) const {
+  if (tensors_) {
+    auto it = tensors_->find(key);
+    if (it == tensors_->end()) return std::nullopt;
+    return it->second;
+  }
   if (db_) {
     const OcdbtEntry* e = db_->find(key);
     if (!e) return std::nullopt;

@@ -1,13 +1,15 @@
 // Internal (not installed): where a checkpoint item's keys (`<param>/.zarray`, `<param>/0.1`,
-// `<param>/zarr.json`, `<param>/c/0/1`) live: files below the item directory, or the values of an
-// OCDBT database in it. Both hand out a StoredValue that reads byte ranges, so restore reads only
-// the bytes each device needs either way.
+// `<param>/zarr.json`, `<param>/c/0/1`) live: files below the item directory, the values of an
+// OCDBT database in it, or the tensors of a safetensors file or set (`<name>/0.0`, the one chunk
+// of each). All hand out a StoredValue that reads byte ranges, so restore reads only the bytes
+// each device needs either way.
 #pragma once
 
 #include <sys/uio.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,7 +45,8 @@ class StoredValue {
 
 class KvStore {
  public:
-  // `item_dir` as OCDBT when it has a manifest.ocdbt, else as plain files.
+  // `item_dir` as safetensors when is_safetensors() says so, as OCDBT when it has a
+  // manifest.ocdbt, else as plain files.
   static KvStore open(const std::filesystem::path& item_dir);
 
   bool is_ocdbt() const { return db_ != nullptr; }
@@ -58,6 +61,7 @@ class KvStore {
  private:
   std::filesystem::path dir_;
   std::shared_ptr<const OcdbtDatabase> db_;
+  std::shared_ptr<const std::map<std::string, StoredValue, std::less<>>> tensors_;  // safetensors
 };
 
 }  // namespace tessel::detail

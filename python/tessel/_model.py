@@ -1,0 +1,104 @@
+"""Model configs, abstract state and memory plans: `load_model`, `eval_shape`, `plan`.
+
+Nothing here allocates a parameter, so the mesh may be far larger than this machine (plan a
+4096-device job on a laptop).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tessel import _tessel
+from tessel._tessel import ArgumentError, LogicalRules, MemoryPlan, Mesh, ModelConfig, NamedSharding
+
+
+@dataclass(frozen=True)
+class AbstractArray:
+    """One variable of an abstract state: what `jax.eval_shape` gives, plus where it lives.
+
+    Usable as it is as a `tessel.checkpoint.restore` target (its sharding and dtype), and as
+    Orbax's after `to_jax()`.
+    """
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sharding: NamedSharding
+    logical_axes: Any  # a tuple of logical names (str or None) per dimension, a PartitionSpec or None
+    kind: str = "param"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def to_jax(self):
+        """A jax.ShapeDtypeStruct with the jax.sharding.NamedSharding of this sharding."""
+        import jax
+        from tessel._jax import to_jax
+        return jax.ShapeDtypeStruct(self.shape, self.dtype, sharding=to_jax(self.sharding))
+
+
+def load_model(model: str | os.PathLike | Mapping[str, Any] | ModelConfig) -> ModelConfig:
+    """A model config from a YAML file, YAML text or a dict (`{"model": "transformer", "vocab": ...}`).
+
+    The keys are those of `examples/models/*.yml`; unknown keys and bad sizes raise
+    `tessel.ParseError` naming the key.
+    """
+    if isinstance(model, ModelConfig):
+        return model
+    if isinstance(model, Mapping):
+        return _tessel.parse_model(json.dumps(dict(model)))  # JSON is YAML's flow style
+    if isinstance(model, os.PathLike):
+        return _tessel.load_model_file(os.fspath(model))
+    if isinstance(model, str):
+        is_text = "\n" in model or ":" in model or model.lstrip().startswith("{")
+        return _tessel.parse_model(model) if is_text else _tessel.load_model_file(model)
+    raise ArgumentError(f"model: {model!r} is not a path, YAML text, a dict or a ModelConfig")
+
+
+def _rules(rules: LogicalRules | Sequence | str | os.PathLike) -> LogicalRules:
+    if isinstance(rules, LogicalRules):
+        return rules
+    if isinstance(rules, (str, os.PathLike)):
+        return _tessel.load_rules(os.fspath(rules))
+    return LogicalRules(list(rules))
+
+
+def eval_shape(model, mesh: Mesh, rules, *, remove_size_one_axes: bool = False, drop_indivisible: bool = False,
+               strict: bool = False, as_jax: bool = False, flat: bool = False) -> dict:
+    """The model's abstract state on `mesh`: every parameter's shape, dtype and sharding under `rules`.
+
+    `model`: what `load_model` takes; `rules`: LogicalRules, Flax-style (name, axes) pairs or a
+    rules file. Returns nested dicts keyed by path segment (`{"decoder": {"layers": ...}}`), or
+    `{"decoder/layers/...": ...}` with `flat=True`, of AbstractArrays, or of
+    jax.ShapeDtypeStructs carrying jax NamedShardings with `as_jax=True` (Orbax's restore target).
+    """
+    from tessel.checkpoint import _unflatten, numpy_dtype
+    records = _tessel.eval_shape_records(load_model(model), mesh, _rules(rules), remove_size_one_axes,
+                                         drop_indivisible, strict)
+    out = {}
+    for path, kind, shape, dtype, sharding, logical in records:
+        leaf = AbstractArray(tuple(shape), numpy_dtype(dtype), sharding, logical, kind)
+        out[path] = leaf.to_jax() if as_jax else leaf
+    return out if flat else _unflatten(out, {})
+
+
+def plan(model, mesh: Mesh, rules, *, optimizer: str = "none", gradients: bool = False,
+         replica_axes: Sequence[str] = ("data", "diloco"), tolerance: float = 0.02, top: int = 10,
+         remove_size_one_axes: bool = False, drop_indivisible: bool = False, strict: bool = False) -> MemoryPlan:
+    """The memory plan `tessel plan` prints: bytes per device for parameters, gradients and
+    optimizer state ("none", "sgd" or "adamw"), the largest replicated parameters, and MaxText's
+    sufficiently-sharded check (mesh axes other than `replica_axes` should shard every parameter,
+    up to `tolerance` of the bytes)."""
+    if isinstance(replica_axes, str):
+        replica_axes = [a for a in replica_axes.split(",") if a]
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise ArgumentError(f"plan: top must be a non-negative int, not {top!r}")
+    return _tessel.plan(load_model(model), mesh, _rules(rules), remove_size_one_axes, drop_indivisible, strict,
+                        optimizer, gradients, list(replica_axes), float(tolerance), top)

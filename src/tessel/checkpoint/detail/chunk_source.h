@@ -1,0 +1,47 @@
+// Internal (not installed): one saved array's chunks wherever they are stored (files, OCDBT, a
+// safetensors tensor), located, bounded and checked alike for restore and verify.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "tessel/checkpoint/detail/kvstore.h"
+#include "tessel/checkpoint/metadata.h"
+#include "tessel/checkpoint/zarr.h"
+
+namespace tessel::detail {
+
+struct ChunkSource {
+  std::string path;
+  const ParamMetadata* meta;
+  const KvStore* store;
+  std::string prefix;  // the parameter's keys start with it: "<name>/"
+  ZarrArray zarr;
+};
+
+// The most stored bytes a compressed chunk of `chunk_bytes` may have: anything larger is not one
+// of this array's chunks, and is refused before it is read.
+inline int64_t max_stored_bytes(int64_t chunk_bytes) { return chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20); }
+
+inline std::string key_prefix(const ParamMetadata& p) { return p.name.empty() ? std::string() : p.name + "/"; }
+
+// The parameter's zarr metadata: `.zarray` or `zarr.json` (the one _METADATA announces first); a
+// safetensors tensor's is implied by its header.
+ZarrArray open_zarr(const KvStore& store, const std::filesystem::path& item_dir, const ItemMetadata& item,
+                    const ParamMetadata& p);
+
+// "'<path>' chunk <key> (<where it is stored>)", for messages.
+std::string chunk_what(const ChunkSource& p, const std::string& key);
+// Compares a chunk's CRC-32C with the saved one, when the checkpoint has it.
+void check_crc(const ChunkSource& p, const std::string& key, uint32_t crc);
+// The stored bytes of chunk `index`: a whole value, or its part of a zarr3 shard (found through
+// the shard's index, whose CRC-32C is checked). nullopt when the chunk was never written.
+std::optional<StoredValue> locate_chunk(const ChunkSource& p, std::span<const int64_t> index, const std::string& key);
+// zarr3's crc32c codec: the chunk's bytes end in their CRC-32C, checked and cut off.
+std::span<const std::byte> strip_chunk_crc(const ChunkSource& p, const std::string& key,
+                                           std::span<const std::byte> stored);
+
+}  // namespace tessel::detail
