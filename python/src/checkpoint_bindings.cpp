@@ -157,10 +157,16 @@ nb::list saved_leaves(const std::string& item_dir) {
 }
 
 nb::list target_leaves(const std::string& item_dir, const Mesh& mesh, std::optional<LogicalRules> rules,
-                       std::vector<std::string> paths) {
+                       std::vector<std::string> paths, std::map<std::string, std::string> axis_map,
+                       nb::dict logical_axes) {
   TargetOptions options;
   options.rules = std::move(rules);
   options.paths = std::move(paths);
+  options.axis_map = std::move(axis_map);
+  for (auto [path, names] : logical_axes) {
+    const std::string p = path_from_dump_key(nb::cast<std::string>(path));
+    options.logical_axes.emplace(p, to_logical(names, p + " logical axes"));
+  }
   nb::list out;
   for (const auto& [path, v] : restore_target(item_dir, mesh, options)) out.append(nb::make_tuple(path, *v.sharding()));
   return out;
@@ -226,7 +232,13 @@ void bind_checkpoint(nb::module_& m) {
   m.def("save_safetensors_leaves", &save_safetensors_leaves, "dir"_a, "leaves"_a, "max_file_bytes"_a, "metadata"_a);
   m.def("restore_leaves", &restore_leaves, "item_dir"_a, "target"_a, "staging_bytes"_a);
   m.def("saved_leaves", &saved_leaves, "item_dir"_a);
-  m.def("target_leaves", &target_leaves, "item_dir"_a, "mesh"_a, "rules"_a, "paths"_a);
+  m.def("target_leaves", &target_leaves, "item_dir"_a, "mesh"_a, "rules"_a, "paths"_a,
+        "axis_map"_a = std::map<std::string, std::string>{}, "logical_axes"_a = nb::dict());
+  m.def("load_target_logical_axes", [](const std::string& file) {
+    nb::dict out;
+    for (const auto& [path, names] : load_target_logical_axes(file)) out[path.c_str()] = from_logical(names);
+    return out;
+  });
   m.def("describe", &describe, "item_dir"_a);
   m.def("verify", &verify_item, "item_dir"_a);
 }

@@ -322,7 +322,8 @@ def _selected(paths: Iterable[str], select: str | Sequence[str] | None) -> list[
 
 def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules: LogicalRules | None = None,
             step: int | None = None, item: str | None = None, select: str | Sequence[str] | None = None,
-            as_jax: bool = False, staging_mb: int = 256) -> Any:
+            as_jax: bool = False, staging_mb: int = 256, axis_map: Mapping[str, str] | None = None,
+            logical_axes: Any = None, rename: Mapping[str, str] | None = None) -> Any:
     """Restores a checkpoint item onto devices, each device's block read straight from disk.
 
     `path` is an item, an Orbax step directory (its only PyTree item, or `item`) or a directory of
@@ -343,10 +344,15 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
         if p not in saved:
             raise ArgumentError(f"shardings names '{p}', which '{item_dir}' does not hold")
     from_mesh = {}
+    if isinstance(logical_axes, (str, os.PathLike)):
+        logical_axes = _tessel.load_target_logical_axes(os.fspath(logical_axes))
     if mesh is not None:
         missing = [p for p in wanted if p not in given]
         if missing:
-            from_mesh = dict(_tessel.target_leaves(item_dir, mesh, rules, missing))
+            from_mesh = dict(_tessel.target_leaves(item_dir, mesh, rules, missing, dict(axis_map or {}),
+                                                   dict(logical_axes or {})))
+    elif axis_map or logical_axes:
+        raise ArgumentError("axis_map and logical_axes place arrays on a mesh: give mesh=")
     target, jax_shardings = [], {}
     for p in wanted:
         dtype = None
@@ -376,7 +382,35 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
         keys = p.split("/")
         for i, t in enumerate(saved[p][5]):
             key_types["/".join(keys[:i])] = t
+    if rename:
+        out, key_types = _renamed(out, key_types, rename)
     return _unflatten(out, key_types)
+
+
+def _renamed(values: dict, key_types: dict, rename: Mapping[str, str]) -> tuple[dict, dict]:
+    """Moves paths under each old prefix (whole levels, '/' or '.' between them) to the new one."""
+    def levels(prefix):
+        return "/".join(k for k in prefix.replace(".", "/").split("/") if k)
+    pairs = [(levels(old), levels(new)) for old, new in rename.items()]
+    if any(not old for old, _ in pairs):
+        raise ArgumentError("rename: an empty prefix cannot be renamed")
+
+    def move(path):
+        for old, new in pairs:
+            if path == old or path.startswith(old + "/"):
+                rest = path[len(old) + 1:]
+                return "/".join(x for x in (new, rest) if x)
+        return path
+
+    out = {}
+    for p, v in values.items():
+        q = move(p)
+        if not q:
+            raise ArgumentError(f"rename leaves no path for '{p}'")
+        if q in out:
+            raise ArgumentError(f"rename makes two arrays '{q}'")
+        out[q] = v
+    return out, {move(k): t for k, t in key_types.items() if k and move(k)} | ({"": key_types[""]} if "" in key_types else {})
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ namespace fs = std::filesystem;
 
 struct CkptArgs {
   std::string dir, dst, mesh, rules, paths, path, out, compression = "none", to, dtype;
+  std::string logical_axes, shardings, axis_map;  // targets for foreign checkpoints
+  std::string select, rename;                      // subtrees, and where they go
   int64_t max_file_mb = 0;
   std::optional<int64_t> step;
   std::optional<std::string> item;
@@ -136,8 +138,16 @@ Target make_target(const CkptArgs& a, const fs::path& item) {
   Mesh mesh = rules && !rules->mesh_axes().empty() ? Mesh::parse(mesh_text, rules->mesh_axes()) : Mesh::parse(mesh_text);
   TargetOptions options;
   options.rules = rules;
+  if (!a.shardings.empty()) options.specs = load_target_specs(a.shardings);
+  if (!a.logical_axes.empty()) options.logical_axes = load_target_logical_axes(a.logical_axes);
+  options.axis_map = parse_axis_map(a.axis_map);
   if (!a.paths.empty()) {
     for (auto w : text_util::split_commas(a.paths)) options.paths.emplace_back(w);
+  }
+  if (!a.select.empty()) {
+    std::vector<std::string> patterns;
+    for (auto p : text_util::split_commas(a.select)) patterns.emplace_back(p);
+    for (std::string& p : select_paths(saved_abstract_state(item), patterns)) options.paths.push_back(std::move(p));
   }
   State target = restore_target(item, mesh, options);
   return {mesh, std::move(target), rules};
@@ -158,15 +168,20 @@ Runtime runtime_for(const CkptArgs& a, const Mesh& mesh) {
   return make_runtime(r);
 }
 
+// The target's leaves (only those of --paths when given) restored onto its mesh.
+State restore_onto(const CkptArgs& a, const Runtime& rt, const fs::path& item, const Target& t, RestoreStats& stats) {
+  RestoreOptions options;
+  options.staging_bytes = a.staging_mb << 20;
+  options.partial = !a.paths.empty() || !a.select.empty();
+  return restore(rt, item, t.state, options, &stats);
+}
+
 void restore_command(const CkptArgs& a) {
   const fs::path item = find_item_dir(a.dir, a.step, a.item);
   Target t = make_target(a, item);
   Runtime rt = runtime_for(a, t.mesh);
-  RestoreOptions options;
-  options.partial = !a.paths.empty();
-  options.staging_bytes = a.staging_mb << 20;
   RestoreStats stats;
-  State state = restore(rt, item, t.state, options, &stats);
+  State state = restore_onto(a, rt, item, t, stats);
   const double gbps = stats.seconds > 0 ? static_cast<double>(stats.target_bytes) / stats.seconds / 1e9 : 0;
   nlohmann::json j{{"item", item.string()},
                    {"mesh", t.mesh.to_string()},
@@ -231,14 +246,6 @@ void export_command(const CkptArgs& a) {
                            v.dtype() == DType::kBF16 ? " (as float32: NumPy has no bfloat16)" : "");
 }
 
-// The target's leaves (only those of --paths when given) restored onto its mesh.
-State restore_onto(const CkptArgs& a, const Runtime& rt, const fs::path& item, const Target& t, RestoreStats& stats) {
-  RestoreOptions options;
-  options.staging_bytes = a.staging_mb << 20;
-  options.partial = !a.paths.empty();
-  return restore(rt, item, t.state, options, &stats);
-}
-
 void save_orbax(const CkptArgs& a, const State& state, const std::optional<LogicalRules>& rules) {
   SaveOptions options;
   options.compression = Compression::parse(a.compression);
@@ -252,7 +259,7 @@ void reshard_command(const CkptArgs& a) {
   Target t = make_target(a, item);
   Runtime rt = runtime_for(a, t.mesh);
   RestoreStats stats;
-  State state = restore_onto(a, rt, item, t, stats);
+  State state = rename_prefixes(restore_onto(a, rt, item, t, stats), parse_renames(a.rename));
   auto t0 = std::chrono::steady_clock::now();
   save_orbax(a, state, t.rules);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -276,7 +283,7 @@ void convert_command(const CkptArgs& a) {
   }
   Runtime rt = runtime_for(a, t.mesh);
   RestoreStats stats;
-  State state = restore_onto(a, rt, item, t, stats);
+  State state = rename_prefixes(restore_onto(a, rt, item, t, stats), parse_renames(a.rename));
   auto t0 = std::chrono::steady_clock::now();
   if (to == "safetensors") {
     save_safetensors(a.dst, state, {.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
@@ -310,6 +317,16 @@ void add_ckpt_command(CLI::App& app) {
     if (required) m->required();
     c->add_option("--rules", args->rules, "Logical axis rules (default: the rules saved with the checkpoint)");
     c->add_option("--paths", args->paths, "Only these parameters (comma-separated paths)");
+    c->add_option("--select", args->select,
+                  "Only the parameters matching these globs (comma-separated; '.' or '/' between levels), "
+                  "e.g. 'params.params.decoder.*'");
+    c->add_option("--shardings", args->shardings,
+                  "Target specs by path: JSON {path: spec} or MaxText's named_shardings.json")
+        ->check(CLI::ExistingFile);
+    c->add_option("--logical-axes", args->logical_axes,
+                  "Target logical axes by path (MaxText's logical_shardings.json), resolved with --rules")
+        ->check(CLI::ExistingFile);
+    c->add_option("--axis-map", args->axis_map, "Saved mesh axes onto target axes: old=new,... (old= drops one)");
     c->add_option("--staging-mb", args->staging_mb, "Host staging budget for chunk decoding, MiB")->check(CLI::PositiveNumber);
     add_runtime_options(c, args->runtime);
   };
@@ -336,6 +353,7 @@ void add_ckpt_command(CLI::App& app) {
   mesh_opts(s);
   s->add_option("--compression", args->compression, "none, zstd or zstd:<level>");
   add_storage_options(s, args->storage);
+  s->add_option("--rename", args->rename, "Move subtrees: old=new prefixes ('params.params=' strips one)");
   s->callback([args] { reshard_command(*args); });
   CLI::App* c = ckpt->add_subcommand(
       "convert",
@@ -353,6 +371,7 @@ void add_ckpt_command(CLI::App& app) {
   mesh_opts(c, false);
   c->add_option("--compression", args->compression, "Orbax: none, zstd or zstd:<level>");
   add_storage_options(c, args->storage);
+  c->add_option("--rename", args->rename, "Move subtrees: old=new prefixes ('params.params=' strips one)");
   c->callback([args] { convert_command(*args); });
 }
 

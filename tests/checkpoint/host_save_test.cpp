@@ -130,8 +130,10 @@ TEST(RestoreTarget, LogicalAxesResolveThroughTheSavedRules) {
   other.paths = {"nope"};
   EXPECT_THAT([&] { restore_target(tmp.path() / "item", mesh, other); },
               ThrowsMessage<ValueError>(HasSubstr("'nope' is not in")));
-  EXPECT_THAT([&] { restore_target(tmp.path() / "item", Mesh::parse("data=2")); },
-              ThrowsMessage<ValueError>(HasSubstr("'b': its saved spec PartitionSpec('fsdp') does not fit")));
+  other.paths = {"b"};
+  EXPECT_THAT([&] { restore_target(tmp.path() / "item", Mesh::parse("data=2"), other); },
+              ThrowsMessage<ValueError>(HasSubstr("b i32[4] (saved PartitionSpec('fsdp') on Mesh(fsdp=4); Mesh(data=2) lacks fsdp)")));
+  EXPECT_THROW(restore_target(tmp.path() / "item", Mesh::parse("data=2")), ShardingError);  // w's rules name fsdp
 }
 
 }  // namespace

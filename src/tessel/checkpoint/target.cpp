@@ -1,14 +1,65 @@
 #include "tessel/checkpoint/target.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/core/error.h"
+#include "tessel/detail/json_util.h"
+#include "tessel/detail/text_util.h"
+#include "tessel/sharding/detail/spec_json.h"
+#include "tessel/sharding/spec_io.h"
 #include "tessel/state/init.h"
 
 namespace tessel {
+namespace {
+
+constexpr int64_t kMaxTargetFileBytes = int64_t{256} << 20;
+
+// The saved spec with its axes renamed (or dropped) by the map.
+PartitionSpec map_axes(const PartitionSpec& spec, const std::map<std::string, std::string>& axis_map) {
+  if (axis_map.empty()) return spec;
+  std::vector<DimSharding> dims;
+  for (const DimSharding& d : spec.dims()) {
+    DimSharding out;
+    for (const std::string& a : d) {
+      auto it = axis_map.find(a);
+      if (it == axis_map.end()) {
+        out.push_back(a);
+      } else if (!it->second.empty()) {
+        out.push_back(it->second);
+      }
+    }
+    dims.push_back(std::move(out));
+  }
+  return PartitionSpec(std::move(dims));
+}
+
+std::vector<std::string> missing_axes(const PartitionSpec& spec, const Mesh& mesh) {
+  std::vector<std::string> out;
+  for (const std::string& a : spec.used_axes())
+    if (!mesh.has_axis(a)) out.push_back(a);
+  return out;
+}
+
+// A file of targets may cover more than the item (a whole TrainState's dump for its params), but
+// one that names none of its leaves is for another tree: an error showing both sides' paths.
+template <class Map>
+void check_given(const Map& given, const State& saved, std::string_view what, const std::filesystem::path& item_dir) {
+  if (given.empty()) return;
+  for (const auto& [path, value] : given)
+    if (saved.contains(path)) return;
+  throw ValueError(fmt::format("the {} name none of the arrays in '{}' (they name e.g. '{}'; it holds e.g. '{}')", what,
+                               item_dir.string(), given.begin()->first,
+                               saved.empty() ? std::string("nothing") : saved.begin()->first));
+}
+
+}  // namespace
 
 State restore_target(const std::filesystem::path& item_dir, const Mesh& mesh, const TargetOptions& options) {
   const std::optional<LogicalRules> rules = options.rules ? options.rules : read_item_metadata(item_dir).rules;
@@ -16,28 +67,180 @@ State restore_target(const std::filesystem::path& item_dir, const Mesh& mesh, co
   for (const auto& w : options.paths) {
     if (!saved.contains(w)) throw ValueError(fmt::format("'{}' is not in '{}'", w, item_dir.string()));
   }
+  check_given(options.specs, saved, "target specs", item_dir);
+  check_given(options.logical_axes, saved, "target logical axes", item_dir);
+  if (!options.logical_axes.empty() && !rules)
+    throw ValueError("target logical axes need rules to resolve them (--rules)");
   State target;
+  std::vector<std::string> foreign;  // leaves whose saved spec names axes the mesh lacks
   for (const auto& [path, v] : saved) {
     if (!options.paths.empty() && std::find(options.paths.begin(), options.paths.end(), path) == options.paths.end()) {
       continue;
     }
     std::optional<NamedSharding> s;
-    if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes)) {
+    if (auto it = options.specs.find(path); it != options.specs.end()) {
+      s = NamedSharding(mesh, it->second);
+      s->device_box(mesh.device_ids().front(), v.shape());  // checks the spec fits the shape
+    } else if (auto la = options.logical_axes.find(path); la != options.logical_axes.end()) {
+      s = resolve_sharding(Partitioning::by_logical(la->second), v.shape(), mesh, *rules, options.resolve, path);
+    } else if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes)) {
       s = resolve_sharding(v.partitioning(), v.shape(), mesh, rules ? *rules : LogicalRules{}, options.resolve, path);
     } else if (v.sharding()) {
+      const PartitionSpec spec = map_axes(v.sharding()->spec(), options.axis_map);
+      if (const auto missing = missing_axes(spec, mesh); !missing.empty()) {
+        foreign.push_back(fmt::format("{} {} (saved {} on {}; {} lacks {})", path, type_string(v.dtype(), v.shape()),
+                                      v.sharding()->spec().to_string(), v.sharding()->mesh().to_string(),
+                                      mesh.to_string(), fmt::join(missing, ", ")));
+        continue;
+      }
       try {
-        s = NamedSharding(mesh, v.sharding()->spec());
+        s = NamedSharding(mesh, spec);
         s->device_box(mesh.device_ids().front(), v.shape());
       } catch (const ValueError& e) {
         throw ValueError(fmt::format("'{}': its saved spec {} does not fit {}: give rules ({})", path,
-                                     v.sharding()->spec().to_string(), mesh.to_string(), e.what()));
+                                     spec.to_string(), mesh.to_string(), e.what()));
       }
     } else {
       s = NamedSharding(mesh, PartitionSpec{});
     }
     target.insert(path, Variable::abstract(v.kind(), v.shape(), v.dtype(), s, v.partitioning()));
   }
+  if (!foreign.empty()) {
+    const size_t show = std::min<size_t>(foreign.size(), 5);
+    throw ValueError(fmt::format(
+        "{} of the arrays in '{}' were saved sharded over mesh axes that the target mesh lacks:\n  {}{}\n"
+        "say where they go: (a) their logical axes and rules (--logical-axes FILE, MaxText's logical_shardings.json, "
+        "with --rules), (b) their specs on the target mesh (--shardings FILE: {{path: spec}} or MaxText's "
+        "named_shardings.json), or (c) a map from saved axes to target axes (--axis-map old=new,...; old= drops one)",
+        foreign.size(), item_dir.string(),
+        fmt::join(std::vector<std::string>(foreign.begin(), foreign.begin() + static_cast<long>(show)), "\n  "),
+        foreign.size() > show ? fmt::format("\n  ... and {} more", foreign.size() - show) : std::string()));
+  }
   return target;
+}
+
+std::string path_from_dump_key(std::string_view key) {
+  const bool dump = key.starts_with('.') || key.find("['") != std::string_view::npos || key.find('[') != std::string_view::npos;
+  if (!dump) return std::string(key);
+  std::string out;
+  for (std::string_view part : text_util::split(key, '/')) {
+    if (part.starts_with('.')) part.remove_prefix(1);
+    if (part.starts_with("['") && part.ends_with("']") && part.size() >= 4) {
+      part = part.substr(2, part.size() - 4);
+    } else if (part.starts_with('[') && part.ends_with(']') && part.size() >= 2) {
+      part = part.substr(1, part.size() - 2);
+    }
+    if (part.empty()) throw ValueError(fmt::format("'{}' has an empty level: not a path", key));
+    out += (out.empty() ? "" : "/") + std::string(part);
+  }
+  return out;
+}
+
+std::map<std::string, PartitionSpec> load_target_specs(const std::filesystem::path& file) {
+  const std::string text = detail::read_file(file, kMaxTargetFileBytes);
+  const json_util::Json j = json_util::parse(text, file.string());
+  if (!j.is_object()) throw ValueError(file.string() + ": expected an object of path -> spec");
+  const bool named_dump = !j.empty() && j.begin().value().is_object();
+  std::map<std::string, PartitionSpec> out;
+  if (named_dump) {
+    for (const NamedDumpEntry& e : parse_named_dump(text, file.string()))
+      out.emplace(path_from_dump_key(e.entry.path), e.entry.spec);
+    return out;
+  }
+  for (const auto& [key, value] : j.items())
+    out.emplace(path_from_dump_key(key), spec_json::from_json(value, file.string() + ": '" + key + "'"));
+  return out;
+}
+
+std::map<std::string, LogicalAxes> load_target_logical_axes(const std::filesystem::path& file) {
+  std::map<std::string, LogicalAxes> out;
+  for (const LogicalEntry& e : load_logical_dump(file)) out.emplace(path_from_dump_key(e.path), e.axes);
+  return out;
+}
+
+std::map<std::string, std::string> parse_axis_map(std::string_view text) {
+  std::map<std::string, std::string> out;
+  for (std::string_view entry : text_util::split_commas(text)) {
+    if (entry.empty()) continue;
+    const size_t eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0)
+      throw ValueError(fmt::format("--axis-map entry '{}' is not old=new (or old= to drop the axis)", entry));
+    out[std::string(entry.substr(0, eq))] = std::string(entry.substr(eq + 1));
+  }
+  return out;
+}
+
+std::vector<std::string> select_paths(const State& state, const std::vector<std::string>& patterns) {
+  std::vector<std::string> out;
+  for (const auto& [path, v] : state) {
+    std::string dotted = path;
+    std::replace(dotted.begin(), dotted.end(), '/', '.');
+    for (const std::string& p : patterns) {
+      if (::fnmatch(p.c_str(), path.c_str(), 0) == 0 || ::fnmatch(p.c_str(), dotted.c_str(), 0) == 0) {
+        out.push_back(path);
+        break;
+      }
+    }
+  }
+  if (out.empty()) {
+    std::vector<std::string> some;
+    for (const auto& [path, v] : state) {
+      if (some.size() == 5) break;
+      some.push_back(path);
+    }
+    throw ValueError(fmt::format("the selection {} matches none of the {} arrays (e.g. {})", fmt::join(patterns, ", "),
+                                 state.size(), fmt::join(some, ", ")));
+  }
+  return out;
+}
+
+namespace {
+
+// A prefix of levels as a '/'-joined path without a trailing '/'.
+std::string as_levels(std::string prefix) {
+  std::replace(prefix.begin(), prefix.end(), '.', '/');
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  while (!prefix.empty() && prefix.front() == '/') prefix.erase(prefix.begin());
+  return prefix;
+}
+
+}  // namespace
+
+State rename_prefixes(const State& state, const std::vector<std::pair<std::string, std::string>>& renames) {
+  std::vector<std::pair<std::string, std::string>> levels;
+  for (const auto& [from, to] : renames) {
+    if (as_levels(from).empty()) throw ValueError(fmt::format("cannot rename the empty prefix '{}'", from));
+    levels.emplace_back(as_levels(from), as_levels(to));
+  }
+  State out;
+  std::map<std::string, std::string> origin;
+  for (const auto& [path, v] : state) {
+    std::string renamed = path;
+    for (const auto& [from, to] : levels) {
+      if (path == from || path.starts_with(from + "/")) {
+        const std::string rest = path.substr(std::min(path.size(), from.size() + 1));
+        renamed = to.empty() ? rest : rest.empty() ? to : to + "/" + rest;
+        break;
+      }
+    }
+    if (renamed.empty()) throw ValueError(fmt::format("renaming '{}' leaves no path", path));
+    if (auto [it, fresh] = origin.emplace(renamed, path); !fresh)
+      throw ValueError(fmt::format("renaming makes '{}' and '{}' both '{}'", it->second, path, renamed));
+    out.insert(renamed, v);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> parse_renames(std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::string_view entry : text_util::split_commas(text)) {
+    if (entry.empty()) continue;
+    const size_t eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0)
+      throw ValueError(fmt::format("--rename entry '{}' is not old=new (or old= to strip the prefix)", entry));
+    out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return out;
 }
 
 }  // namespace tessel

@@ -15,16 +15,23 @@ inline std::string_view trim(std::string_view s) {
   return s;
 }
 
-// Items between commas, each trimmed; "a,,b" keeps the empty middle item for the caller to name.
-inline std::vector<std::string_view> split_commas(std::string_view s) {
+// Items between separators, untrimmed; "a//b" keeps the empty middle item.
+inline std::vector<std::string_view> split(std::string_view s, char separator) {
   std::vector<std::string_view> items;
   size_t pos = 0;
   while (true) {
-    size_t comma = s.find(',', pos);
-    items.push_back(trim(s.substr(pos, comma == s.npos ? s.npos : comma - pos)));
-    if (comma == s.npos) return items;
-    pos = comma + 1;
+    size_t at = s.find(separator, pos);
+    items.push_back(s.substr(pos, at == s.npos ? s.npos : at - pos));
+    if (at == s.npos) return items;
+    pos = at + 1;
   }
+}
+
+// Items between commas, each trimmed; "a,,b" keeps the empty middle item for the caller to name.
+inline std::vector<std::string_view> split_commas(std::string_view s) {
+  std::vector<std::string_view> items = split(s, ',');
+  for (auto& item : items) item = trim(item);
+  return items;
 }
 
 // "params/w: " for a non-empty `what` (a parameter path, a flag), "" otherwise.
