@@ -109,9 +109,10 @@ State restore_target(const std::filesystem::path& item_dir, const Mesh& mesh, co
     const size_t show = std::min<size_t>(foreign.size(), 5);
     throw ValueError(fmt::format(
         "{} of the arrays in '{}' were saved sharded over mesh axes that the target mesh lacks:\n  {}{}\n"
-        "say where they go: (a) their logical axes and rules (--logical-axes FILE, MaxText's logical_shardings.json, "
-        "with --rules), (b) their specs on the target mesh (--shardings FILE: {{path: spec}} or MaxText's "
-        "named_shardings.json), or (c) a map from saved axes to target axes (--axis-map old=new,...; old= drops one)",
+        "say where they go: (a) their logical axes with rules (--logical-axes FILE / logical_axes=: MaxText's "
+        "logical_shardings.json), (b) their specs on the target mesh (--shardings FILE / shardings=: {{path: spec}} or "
+        "MaxText's named_shardings.json), or (c) a map from saved axes to target axes (--axis-map old=new,... / "
+        "axis_map=; old= drops one)",
         foreign.size(), item_dir.string(),
         fmt::join(std::vector<std::string>(foreign.begin(), foreign.begin() + static_cast<long>(show)), "\n  "),
         foreign.size() > show ? fmt::format("\n  ... and {} more", foreign.size() - show) : std::string()));
@@ -131,7 +132,8 @@ std::string path_from_dump_key(std::string_view key) {
       part = part.substr(1, part.size() - 2);
     }
     if (part.empty()) throw ValueError(fmt::format("'{}' has an empty level: not a path", key));
-    out += (out.empty() ? "" : "/") + std::string(part);
+    if (!out.empty()) out += '/';
+    out += part;
   }
   return out;
 }
