@@ -162,6 +162,10 @@ int64_t peak_rss() {
   return 0;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 Runtime runtime_for(const CkptArgs& a, const Mesh& mesh) {
   RuntimeArgs r = a.runtime;
   if (!r.devices) r.devices = mesh.device_count();
@@ -282,18 +286,43 @@ void convert_command(const CkptArgs& a) {
     t.state = std::move(cast);
   }
   Runtime rt = runtime_for(a, t.mesh);
-  RestoreStats stats;
-  State state = rename_prefixes(restore_onto(a, rt, item, t, stats), parse_renames(a.rename));
-  auto t0 = std::chrono::steady_clock::now();
-  if (to == "safetensors") {
-    save_safetensors(a.dst, state, {.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
-  } else {
+  const auto renames = parse_renames(a.rename);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (to == "orbax") {  // an Orbax item is written whole: the state is restored first
+    RestoreStats stats;
+    State state = rename_prefixes(restore_onto(a, rt, item, t, stats), renames);
     save_orbax(a, state, t.rules);
+    std::cout << fmt::format("{} tensors ({}) from {} written as an Orbax item to {} in {:.3f} s\n", state.size(),
+                             text_util::format_bytes(stats.target_bytes), item.string(), a.dst, seconds_since(t0));
+    return;
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << fmt::format("{} tensors ({}) read from {} onto {} in {:.3f} s and written as {} to {} in {:.3f} s\n",
-                           state.size(), text_util::format_bytes(stats.target_bytes), item.string(), t.mesh.to_string(),
-                           stats.seconds, to, a.dst, s);
+  // safetensors streams: a batch of tensors (at most kBatchBytes, or one larger tensor) is restored,
+  // written in place and dropped before the next, so memory stays near the largest tensor.
+  constexpr int64_t kBatchBytes = int64_t{128} << 20;
+  const State target = rename_prefixes(t.state, renames);  // checks the renames before anything is written
+  SafetensorsWriter writer(a.dst, target, {.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+  RestoreOptions options;
+  options.partial = true;
+  options.staging_bytes = std::min<int64_t>(a.staging_mb << 20, int64_t{64} << 20);
+  int64_t bytes = 0, batch_bytes = 0;
+  State batch;
+  auto flush = [&] {
+    if (batch.empty()) return;
+    for (const auto& [path, v] : restore(rt, item, batch, options)) writer.write(rename_path(path, renames), v.array());
+    batch = State();
+    batch_bytes = 0;
+  };
+  for (const auto& [path, v] : t.state) {
+    if (batch_bytes > 0 && batch_bytes + v.nbytes() > kBatchBytes) flush();
+    batch.insert(path, v);
+    batch_bytes += v.nbytes();
+    bytes += v.nbytes();
+  }
+  flush();
+  writer.commit();
+  std::cout << fmt::format("{} tensors ({}) from {} written as safetensors to {} in {:.3f} s, peak RSS {}\n",
+                           t.state.size(), text_util::format_bytes(bytes), item.string(), a.dst, seconds_since(t0),
+                           text_util::format_bytes(peak_rss()));
 }
 
 }  // namespace

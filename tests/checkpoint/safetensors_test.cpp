@@ -202,5 +202,33 @@ TEST(Safetensors, AFileCutShortIsAnErrorNamingIt) {
               ::testing::ThrowsMessage<Error>(HasSubstr("cut.safetensors")));
 }
 
+TEST(Safetensors, AWriterTakesOneTensorAtATime) {
+  Runtime rt = Runtime::host(4);
+  std::mt19937 rng(7);
+  TempDir tmp;
+  std::map<std::string, HostArray> values;
+  const Mesh mesh = Mesh::parse("x=4");
+  const State state = random_state(rng, rt, mesh, 5, values);
+  {
+    SafetensorsWriter w(tmp.path() / "out", state.to_abstract(), {.max_file_bytes = 64});
+    std::vector<std::string> paths = state.paths();
+    std::reverse(paths.begin(), paths.end());  // any order
+    for (size_t i = 0; i + 1 < paths.size(); ++i) w.write(paths[i], state.at(paths[i]).array());
+    EXPECT_THAT([&] { w.write(paths[0], state.at(paths[0]).array()); },
+                ::testing::ThrowsMessage<ValueError>(HasSubstr("written twice")));
+    EXPECT_THAT([&] { w.write("nope", state.at(paths[0]).array()); },
+                ::testing::ThrowsMessage<ValueError>(HasSubstr("not one of the tensors")));
+    EXPECT_THAT([&] { w.commit(); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("never written")));
+    EXPECT_TRUE(fs::exists(tmp.path() / "out.tmp"));
+  }
+  EXPECT_FALSE(fs::exists(tmp.path() / "out.tmp")) << "an abandoned writer leaves nothing";
+  EXPECT_FALSE(fs::exists(tmp.path() / "out"));
+  SafetensorsWriter w(tmp.path() / "out", state.to_abstract(), {.max_file_bytes = 64});
+  for (const auto& [path, v] : state) w.write(path, v.array());
+  w.commit();
+  const State got = restore(rt, tmp.path() / "out", random_target(rng, tmp.path() / "out", Mesh::parse("y=2,z=2")));
+  for (const auto& [path, h] : values) EXPECT_EQ(to_host(got.at(path).array()), h) << path;
+}
+
 }  // namespace
 }  // namespace tessel

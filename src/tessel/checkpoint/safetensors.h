@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -100,5 +101,24 @@ struct SafetensorsSaveOptions {
 void save_safetensors(const std::filesystem::path& dir, const StagedState& staged,
                       const SafetensorsSaveOptions& options = {});
 void save_safetensors(const std::filesystem::path& dir, const State& state, const SafetensorsSaveOptions& options = {});
+
+// The same one tensor at a time, in one process, so a conversion holds one tensor (or a few) at
+// once: the layout comes from `abstract` (paths, shapes, dtypes) and the files are created at
+// once in `<dir>.tmp`; write() puts each array's blocks in place, in any order; commit() checks
+// that every tensor was written and renames. A writer destroyed uncommitted removes `<dir>.tmp`.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::filesystem::path dir, const State& abstract, SafetensorsSaveOptions options = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  // Throws ValueError for a path not laid out, a shape or dtype other than laid out, or a second write.
+  void write(const std::string& path, const Array& array);
+  void commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace tessel

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -29,7 +30,9 @@ constexpr const char* kSafetensorsTmpSuffix = ".tmp";
 constexpr int64_t kSlabBytes = int64_t{16} << 20;
 
 struct Placed {
-  const StagedState::Impl::Param* param;
+  std::string path;
+  Shape shape;
+  DType dtype;
   std::string name;
   size_t file = 0;
   int64_t begin = 0;  // within the file's data section
@@ -57,14 +60,15 @@ std::string tensor_name(const std::string& path) {
   return name;
 }
 
-Layout plan_files(const StagedState::Impl& s, const SafetensorsSaveOptions& options) {
+Layout plan_files(const std::vector<std::tuple<std::string, Shape, DType>>& arrays, const SafetensorsSaveOptions& options) {
+  if (options.max_file_bytes < 0) throw ValueError("max_file_bytes must not be negative");
   Layout l;
-  for (const auto& p : s.params) {
-    safetensors_dtype(p.dtype);  // every tessel dtype has one; checked before anything is written
-    l.tensors.push_back({&p, tensor_name(p.path), 0, 0, p.shape.num_elements() * static_cast<int64_t>(item_size(p.dtype))});
+  for (const auto& [path, shape, dtype] : arrays) {
+    safetensors_dtype(dtype);  // every tessel dtype has one; checked before anything is written
+    l.tensors.push_back({path, shape, dtype, tensor_name(path), 0, 0, shape.num_elements() * static_cast<int64_t>(item_size(dtype))});
   }
   std::sort(l.tensors.begin(), l.tensors.end(), [](const Placed& a, const Placed& b) {
-    const size_t ia = item_size(a.param->dtype), ib = item_size(b.param->dtype);
+    const size_t ia = item_size(a.dtype), ib = item_size(b.dtype);
     return ia != ib ? ia > ib : a.name < b.name;
   });
   // Files in that order, each up to the limit; a larger tensor gets a file of its own.
@@ -83,8 +87,8 @@ Layout plan_files(const StagedState::Impl& s, const SafetensorsSaveOptions& opti
   if (!options.metadata.empty())
     for (Json& h : headers) h["__metadata__"] = options.metadata;
   for (const Placed& t : l.tensors)
-    headers[t.file][t.name] = {{"dtype", std::string(safetensors_dtype(t.param->dtype))},
-                               {"shape", t.param->shape.dims()},
+    headers[t.file][t.name] = {{"dtype", std::string(safetensors_dtype(t.dtype))},
+                               {"shape", t.shape.dims()},
                                {"data_offsets", {t.begin, t.begin + t.bytes}}};
   for (size_t f = 0; f < n; ++f) {
     std::string text = json_util::dump(headers[f]);
@@ -109,8 +113,8 @@ void write_header(const fs::path& path, const std::string& header, int64_t data_
 // This process's blocks of one tensor, at their places in C order. Rows of the tensor are
 // gathered into slabs when this process holds every block and the blocks' runs are short (a
 // column-sharded tensor); otherwise each run is written where it goes.
-void write_tensor(const detail::File& file, int64_t at, const Placed& t, std::vector<std::byte>& slab) {
-  const auto& p = *t.param;
+void write_tensor(const detail::File& file, int64_t at, const Placed& t, const StagedState::Impl::Param& p,
+                  std::vector<std::byte>& slab) {
   const int64_t item = static_cast<int64_t>(item_size(p.dtype));
   const Box full = Box::full(p.shape);
   int64_t covered = 0, runs = 0;
@@ -156,25 +160,46 @@ std::string index_json(const Layout& l) {
   return json_util::dump(Json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}, 2) + "\n";
 }
 
+// `<dir>.tmp`, fresh, with every file's header and its full size (the leader's part).
+void create_files(const fs::path& dir, const fs::path& tmp, const Layout& layout) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) throw IoError("cannot save to '" + dir.string() + "': it already exists");
+  fs::remove_all(tmp, ec);
+  if (ec) throw IoError("cannot remove the stale '" + tmp.string() + "': " + ec.message());
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw IoError("cannot create '" + tmp.string() + "': " + (ec ? ec.message() : "it exists"));
+  for (size_t f = 0; f < layout.files.size(); ++f) write_header(tmp / layout.files[f], layout.headers[f], layout.data_bytes[f]);
+}
+
+// The index (for several files), then the rename that makes the directory appear.
+void commit_files(const fs::path& dir, const fs::path& tmp, const Layout& layout, bool durable) {
+  if (layout.files.size() > 1) detail::write_file(tmp / "model.safetensors.index.json", index_json(layout), durable);
+  if (durable) detail::sync_directory(tmp);
+  std::error_code ec;
+  if (fs::exists(dir, ec)) throw IoError("cannot commit '" + dir.string() + "': it already exists");
+  fs::rename(tmp, dir, ec);
+  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + dir.string() + "': " + ec.message());
+  if (durable) detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+}
+
+std::vector<std::tuple<std::string, Shape, DType>> arrays_of(const StagedState::Impl& s) {
+  std::vector<std::tuple<std::string, Shape, DType>> out;
+  for (const auto& p : s.params) out.emplace_back(p.path, p.shape, p.dtype);
+  return out;
+}
+
 }  // namespace
 
 void save_safetensors(const fs::path& dir, const StagedState& staged, const SafetensorsSaveOptions& options) {
-  if (options.max_file_bytes < 0) throw ValueError("max_file_bytes must not be negative");
   const StagedState::Impl& s = staged.impl();
   ProcessGroup& group = detail::processes_of(staged);
   const std::string where = "saving '" + dir.string() + "' as safetensors";
-  const Layout layout = plan_files(s, options);  // the same on every process: it depends on shapes alone
+  const Layout layout = plan_files(arrays_of(s), options);  // the same on every process: it depends on shapes alone
+  std::map<std::string, const StagedState::Impl::Param*> by_path;
+  for (const auto& p : s.params) by_path[p.path] = &p;
   const fs::path tmp = fs::path(dir) += kSafetensorsTmpSuffix;
   run_together(group, where, [&] {
-    if (!group.is_leader()) return;
-    std::error_code ec;
-    if (fs::exists(dir, ec)) throw IoError("cannot save to '" + dir.string() + "': it already exists");
-    fs::remove_all(tmp, ec);
-    if (ec) throw IoError("cannot remove the stale '" + tmp.string() + "': " + ec.message());
-    if (!fs::create_directory(tmp, ec) || ec)
-      throw IoError("cannot create '" + tmp.string() + "': " + (ec ? ec.message() : "it exists"));
-    for (size_t f = 0; f < layout.files.size(); ++f)
-      write_header(tmp / layout.files[f], layout.headers[f], layout.data_bytes[f]);
+    if (group.is_leader()) create_files(dir, tmp, layout);
   });
   try {
     run_together(group, where, [&] {
@@ -183,7 +208,7 @@ void save_safetensors(const fs::path& dir, const StagedState& staged, const Safe
       std::vector<std::byte> slab;
       for (const Placed& t : layout.tensors) {
         const int64_t data_start = 8 + static_cast<int64_t>(layout.headers[t.file].size());
-        write_tensor(files[t.file], data_start + t.begin, t, slab);
+        write_tensor(files[t.file], data_start + t.begin, t, *by_path.at(t.path), slab);
       }
       for (detail::File& f : files) {
         if (options.durable) f.sync();
@@ -191,20 +216,80 @@ void save_safetensors(const fs::path& dir, const StagedState& staged, const Safe
       }
     });
     run_together(group, where, [&] {
-      if (!group.is_leader()) return;
-      if (layout.files.size() > 1) detail::write_file(tmp / "model.safetensors.index.json", index_json(layout), options.durable);
-      if (options.durable) detail::sync_directory(tmp);
-      std::error_code ec;
-      if (fs::exists(dir, ec)) throw IoError("cannot commit '" + dir.string() + "': it already exists");
-      fs::rename(tmp, dir, ec);
-      if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + dir.string() + "': " + ec.message());
-      if (options.durable) detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+      if (group.is_leader()) commit_files(dir, tmp, layout, options.durable);
     });
   } catch (...) {
     std::error_code ec;
     if (group.is_leader()) fs::remove_all(tmp, ec);
     throw;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming
+
+struct SafetensorsWriter::Impl {
+  fs::path dir, tmp;
+  SafetensorsSaveOptions options;
+  Layout layout;
+  std::map<std::string, size_t> index;  // path -> tensor in layout
+  std::vector<bool> written;
+  std::vector<detail::File> files;
+  std::vector<std::byte> slab;
+  bool committed = false;
+};
+
+SafetensorsWriter::SafetensorsWriter(fs::path dir, const State& abstract, SafetensorsSaveOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& w = *impl_;
+  w.dir = std::move(dir);
+  w.tmp = fs::path(w.dir) += kSafetensorsTmpSuffix;
+  w.options = std::move(options);
+  std::vector<std::tuple<std::string, Shape, DType>> arrays;
+  for (const auto& [path, v] : abstract) arrays.emplace_back(path, v.shape(), v.dtype());
+  w.layout = plan_files(arrays, w.options);
+  for (size_t i = 0; i < w.layout.tensors.size(); ++i) w.index[w.layout.tensors[i].path] = i;
+  w.written.assign(w.layout.tensors.size(), false);
+  create_files(w.dir, w.tmp, w.layout);
+  for (const std::string& f : w.layout.files) w.files.push_back(detail::File::open_write(w.tmp / f));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (impl_ && !impl_->committed) {
+    impl_->files.clear();
+    std::error_code ec;
+    fs::remove_all(impl_->tmp, ec);
+  }
+}
+
+void SafetensorsWriter::write(const std::string& path, const Array& array) {
+  Impl& w = *impl_;
+  auto it = w.index.find(path);
+  if (it == w.index.end()) throw ValueError("'" + path + "' is not one of the tensors this writer laid out");
+  const Placed& t = w.layout.tensors[it->second];
+  if (array.shape() != t.shape || array.dtype() != t.dtype)
+    throw ValueError("'" + path + "' is " + type_string(array.dtype(), array.shape()) + ", laid out as " +
+                     type_string(t.dtype, t.shape));
+  if (w.written[it->second]) throw ValueError("'" + path + "' is written twice");
+  State one;
+  one.insert(path, Variable(kParam, array));
+  const StagedState staged = detail::stage_in_place(one);
+  const int64_t data_start = 8 + static_cast<int64_t>(w.layout.headers[t.file].size());
+  write_tensor(w.files[t.file], data_start + t.begin, t, staged.impl().params.front(), w.slab);
+  w.written[it->second] = true;
+}
+
+void SafetensorsWriter::commit() {
+  Impl& w = *impl_;
+  for (size_t i = 0; i < w.written.size(); ++i)
+    if (!w.written[i]) throw ValueError("'" + w.layout.tensors[i].path + "' was never written");
+  for (detail::File& f : w.files) {
+    if (w.options.durable) f.sync();
+    f.close();
+  }
+  w.files.clear();
+  commit_files(w.dir, w.tmp, w.layout, w.options.durable);
+  w.committed = true;
 }
 
 void save_safetensors(const fs::path& dir, const State& state, const SafetensorsSaveOptions& options) {

@@ -208,23 +208,23 @@ std::string as_levels(std::string prefix) {
 
 }  // namespace
 
-State rename_prefixes(const State& state, const std::vector<std::pair<std::string, std::string>>& renames) {
-  std::vector<std::pair<std::string, std::string>> levels;
-  for (const auto& [from, to] : renames) {
-    if (as_levels(from).empty()) throw ValueError(fmt::format("cannot rename the empty prefix '{}'", from));
-    levels.emplace_back(as_levels(from), as_levels(to));
+std::string rename_path(const std::string& path, const std::vector<std::pair<std::string, std::string>>& renames) {
+  for (const auto& [raw_from, raw_to] : renames) {
+    const std::string from = as_levels(raw_from), to = as_levels(raw_to);
+    if (from.empty()) throw ValueError(fmt::format("cannot rename the empty prefix '{}'", raw_from));
+    if (path == from || path.starts_with(from + "/")) {
+      const std::string rest = path.substr(std::min(path.size(), from.size() + 1));
+      return to.empty() ? rest : rest.empty() ? to : to + "/" + rest;
+    }
   }
+  return path;
+}
+
+State rename_prefixes(const State& state, const std::vector<std::pair<std::string, std::string>>& renames) {
   State out;
   std::map<std::string, std::string> origin;
   for (const auto& [path, v] : state) {
-    std::string renamed = path;
-    for (const auto& [from, to] : levels) {
-      if (path == from || path.starts_with(from + "/")) {
-        const std::string rest = path.substr(std::min(path.size(), from.size() + 1));
-        renamed = to.empty() ? rest : rest.empty() ? to : to + "/" + rest;
-        break;
-      }
-    }
+    const std::string renamed = rename_path(path, renames);
     if (renamed.empty()) throw ValueError(fmt::format("renaming '{}' leaves no path", path));
     if (auto [it, fresh] = origin.emplace(renamed, path); !fresh)
       throw ValueError(fmt::format("renaming makes '{}' and '{}' both '{}'", it->second, path, renamed));

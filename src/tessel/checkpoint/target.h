@@ -60,6 +60,8 @@ std::vector<std::string> select_paths(const State& state, const std::vector<std:
 // TrainState's params/params/decoder/... into decoder/...). Paths under no prefix stay. Throws
 // ValueError when two paths would become one, or a path would become empty.
 State rename_prefixes(const State& state, const std::vector<std::pair<std::string, std::string>>& renames);
+// One path moved as rename_prefixes moves it (the same path when no prefix applies).
+std::string rename_path(const std::string& path, const std::vector<std::pair<std::string, std::string>>& renames);
 // "old=new,other=" as prefix renames, in order.
 std::vector<std::pair<std::string, std::string>> parse_renames(std::string_view text);
 
