@@ -24,10 +24,9 @@ from tessel._tessel import (
     ParseError,
     PartitionSpec,
     ShardingError,
-    load_rules,
 )
 from tessel._jax import from_jax, to_jax
-from tessel._model import AbstractArray, eval_shape, load_model, plan
+from tessel._model import AbstractArray, eval_shape, load_model, load_rules, plan
 from tessel import checkpoint
 
 P = PartitionSpec

@@ -62,12 +62,16 @@ def load_model(model: str | os.PathLike | Mapping[str, Any] | ModelConfig) -> Mo
     raise ArgumentError(f"model: {model!r} is not a path, YAML text, a dict or a ModelConfig")
 
 
-def _rules(rules: LogicalRules | Sequence | str | os.PathLike) -> LogicalRules:
+def load_rules(rules: LogicalRules | Sequence | str | os.PathLike) -> LogicalRules:
+    """Logical axis rules from a MaxText YAML/JSON file (logical_axis_rules, mesh_axes), such text,
+    or a Flax-style list of (logical name, mesh axes) pairs."""
     if isinstance(rules, LogicalRules):
         return rules
     if isinstance(rules, (str, os.PathLike)):
         return _tessel.load_rules(os.fspath(rules))
-    return LogicalRules(list(rules))
+    if isinstance(rules, (list, tuple)):
+        return LogicalRules(list(rules))
+    raise ArgumentError(f"rules: {rules!r} is not a path, YAML text, a list of (name, axes) pairs or LogicalRules")
 
 
 def eval_shape(model, mesh: Mesh, rules, *, remove_size_one_axes: bool = False, drop_indivisible: bool = False,
@@ -80,7 +84,7 @@ def eval_shape(model, mesh: Mesh, rules, *, remove_size_one_axes: bool = False, 
     jax.ShapeDtypeStructs carrying jax NamedShardings with `as_jax=True` (Orbax's restore target).
     """
     from tessel.checkpoint import _unflatten, numpy_dtype
-    records = _tessel.eval_shape_records(load_model(model), mesh, _rules(rules), remove_size_one_axes,
+    records = _tessel.eval_shape_records(load_model(model), mesh, load_rules(rules), remove_size_one_axes,
                                          drop_indivisible, strict)
     out = {}
     for path, kind, shape, dtype, sharding, logical in records:
@@ -100,5 +104,5 @@ def plan(model, mesh: Mesh, rules, *, optimizer: str = "none", gradients: bool =
         replica_axes = [a for a in replica_axes.split(",") if a]
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise ArgumentError(f"plan: top must be a non-negative int, not {top!r}")
-    return _tessel.plan(load_model(model), mesh, _rules(rules), remove_size_one_axes, drop_indivisible, strict,
+    return _tessel.plan(load_model(model), mesh, load_rules(rules), remove_size_one_axes, drop_indivisible, strict,
                         optimizer, gradients, list(replica_axes), float(tolerance), top)

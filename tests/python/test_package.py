@@ -41,6 +41,18 @@ def test_every_python_example_in_the_docs_runs(tmp_path, monkeypatch):
     assert params.to_numpy().shape == (32, 8) and len(params.shards) == 4
 
 
+def test_load_rules_takes_files_text_and_flax_lists(tmp_path):
+    flax_style = [("embed", "fsdp"), ("mlp", ("fsdp", "tensor")), ("kv", None)]
+    mesh = tessel.Mesh({"fsdp": 2, "tensor": 2})
+    text = "logical_axis_rules: [['embed', 'fsdp'], ['mlp', ['fsdp', 'tensor']], ['kv', []]]"
+    (tmp_path / "r.yml").write_text(text)
+    for rules in (tessel.load_rules(flax_style), tessel.load_rules(text), tessel.load_rules(tmp_path / "r.yml")):
+        assert rules.resolve(("embed", "kv"), mesh) == tessel.P("fsdp", None)
+        assert rules.resolve(("mlp", "kv"), mesh) == tessel.P(("fsdp", "tensor"), None)
+    with pytest.raises(tessel.ArgumentError):
+        tessel.load_rules(42)
+
+
 def test_errors_are_python_exceptions_with_tessels_messages(tmp_path):
     with pytest.raises(tessel.ArgumentError, match="size 0") as e:
         tessel.Mesh({"data": 0})
