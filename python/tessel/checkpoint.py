@@ -28,17 +28,20 @@ from tessel._tessel import ArgumentError, LogicalRules, Mesh, NamedSharding, Par
 SEQUENCE_KEY = 1  # Orbax's KeyType.SEQUENCE: the key is a list/tuple index
 
 
-def _bfloat16():
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _ml_dtype(name: str):
     try:
         import ml_dtypes
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("bfloat16 arrays need ml_dtypes: pip install 'tessel[bf16]'") from e
-    return ml_dtypes.bfloat16
+        raise ImportError(f"{name} arrays need ml_dtypes: pip install 'tessel[bf16]'") from e
+    return getattr(ml_dtypes, name)
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of a tessel dtype name (bfloat16 is ml_dtypes.bfloat16)."""
-    return np.dtype(_bfloat16()) if name == "bfloat16" else np.dtype(name)
+    """The NumPy dtype of a tessel dtype name (bfloat16 and the float8 types are ml_dtypes')."""
+    return np.dtype(_ml_dtype(name)) if name in _ML_DTYPES else np.dtype(name)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ TEST(DType, NamesSizesAndTypestrsMatchNumpyAndTensorStore) {
 }
 
 TEST(DType, EverySpellingParsesBack) {
-  EXPECT_EQ(all_dtypes().size(), 13u);
+  EXPECT_EQ(all_dtypes().size(), 15u);
   for (DType t : all_dtypes()) {
     EXPECT_EQ(parse_dtype(name(t)), t);
     EXPECT_EQ(parse_dtype(short_name(t)), t);

@@ -139,3 +139,37 @@ TEST(Half, F32ToBf16RoundsToNearestEven) {
 
 }  // namespace
 }  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// float8: the formats' landmarks (the exhaustive check against ml_dtypes is in
+// tests/python/test_float8_vs_ml_dtypes.py).
+TEST(Float8, LandmarksAndRounding) {
+  EXPECT_EQ(f8e4m3fn_to_f32(0x7E), 448.0f);               // the largest finite
+  EXPECT_EQ(f8e4m3fn_to_f32(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(f8e4m3fn_to_f32(0x08), std::ldexp(1.0f, -6));  // the smallest normal
+  EXPECT_TRUE(std::isnan(f8e4m3fn_to_f32(0x7F)));
+  EXPECT_TRUE(std::isnan(f8e4m3fn_to_f32(0xFF)));
+  EXPECT_EQ(f32_to_f8e4m3fn(448.0f), 0x7E);
+  EXPECT_EQ(f32_to_f8e4m3fn(464.0f), 0x7E);  // a tie, to the even mantissa
+  EXPECT_EQ(f32_to_f8e4m3fn(465.0f), 0x7F);  // past it: NaN (no infinities)
+  EXPECT_EQ(f32_to_f8e4m3fn(-INFINITY), 0xFF);
+  EXPECT_EQ(f32_to_f8e4m3fn(-0.0f), 0x80);
+  EXPECT_EQ(f32_to_f8e4m3fn(std::ldexp(1.0f, -10)), 0x00);  // half the smallest subnormal: ties to 0
+  EXPECT_EQ(f32_to_f8e4m3fn(std::ldexp(1.5f, -10)), 0x01);
+  EXPECT_EQ(f8e5m2_to_f32(0x7B), 57344.0f);
+  EXPECT_EQ(f8e5m2_to_f32(0x7C), INFINITY);
+  EXPECT_EQ(f8e5m2_to_f32(0x01), std::ldexp(1.0f, -16));
+  EXPECT_EQ(f32_to_f8e5m2(61440.0f), 0x7C);  // a tie between the largest and the next binade: up
+  EXPECT_EQ(f32_to_f8e5m2(1.0f), 0x3C);
+  for (int b = 0; b < 256; ++b) {  // every finite pattern encodes back to itself
+    const float f = f8e4m3fn_to_f32(static_cast<uint8_t>(b));
+    if (!std::isnan(f)) EXPECT_EQ(f32_to_f8e4m3fn(f), b) << b;
+    const float g = f8e5m2_to_f32(static_cast<uint8_t>(b));
+    if (!std::isnan(g)) EXPECT_EQ(f32_to_f8e5m2(g), b) << b;
+  }
+}
+
+}  // namespace
+}  // namespace tessel

@@ -28,11 +28,10 @@ constexpr std::array kDTypes = {
     DTypeName{"BF16", DType::kBF16}, DTypeName{"I64", DType::kI64},  DTypeName{"I32", DType::kI32},
     DTypeName{"I16", DType::kI16},  DTypeName{"I8", DType::kI8},    DTypeName{"U64", DType::kU64},
     DTypeName{"U32", DType::kU32},  DTypeName{"U16", DType::kU16},  DTypeName{"U8", DType::kU8},
-    DTypeName{"BOOL", DType::kBool},
+    DTypeName{"BOOL", DType::kBool},   DTypeName{"F8_E4M3", DType::kF8E4M3FN}, DTypeName{"F8_E5M2", DType::kF8E5M2},
 };
 // Defined by the format, not held by tessel yet.
-constexpr std::array<std::string_view, 7> kUnsupported = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F4",
-                                                          "F6_E2M3", "F6_E3M2", "C64"};
+constexpr std::array<std::string_view, 5> kUnsupported = {"F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"};
 
 int64_t checked_int(const Json& j, std::string_view what) {
   if (!j.is_number_integer() && !j.is_number_unsigned())

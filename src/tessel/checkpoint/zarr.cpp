@@ -362,7 +362,7 @@ std::string ZarrArray::to_json() const {
     j["data_type"] = std::string(name(dtype_));
     if (dtype_ == DType::kBool) {
       j["fill_value"] = fill_value_.value_or(0) != 0;
-    } else if (dtype_ == DType::kF16 || dtype_ == DType::kBF16 || dtype_ == DType::kF32 || dtype_ == DType::kF64) {
+    } else if (is_floating(dtype_)) {
       j["fill_value"] = fill_value_.value_or(0);
     } else {
       j["fill_value"] = static_cast<int64_t>(fill_value_.value_or(0));

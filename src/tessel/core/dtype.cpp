@@ -17,7 +17,7 @@ struct DTypeInfo {
   bool floating;
 };
 
-constexpr std::array<DTypeInfo, 13> kInfo = {{
+constexpr std::array<DTypeInfo, 15> kInfo = {{
     {DType::kBool, "bool", "bool", 1, "|b1", false},
     {DType::kU8, "uint8", "u8", 1, "|u1", false},
     {DType::kI8, "int8", "i8", 1, "|i1", false},
@@ -31,11 +31,13 @@ constexpr std::array<DTypeInfo, 13> kInfo = {{
     {DType::kBF16, "bfloat16", "bf16", 2, "bfloat16", true},
     {DType::kF32, "float32", "f32", 4, "<f4", true},
     {DType::kF64, "float64", "f64", 8, "<f8", true},
+    {DType::kF8E4M3FN, "float8_e4m3fn", "f8e4m3fn", 1, "float8_e4m3fn", true},
+    {DType::kF8E5M2, "float8_e5m2", "f8e5m2", 1, "float8_e5m2", true},
 }};
 
-constexpr std::array<DType, 13> kAll = {DType::kBool, DType::kU8,  DType::kI8,  DType::kI16, DType::kU16,
-                                        DType::kI32,  DType::kU32, DType::kI64, DType::kU64, DType::kF16,
-                                        DType::kBF16, DType::kF32, DType::kF64};
+constexpr std::array<DType, 15> kAll = {DType::kBool, DType::kU8,  DType::kI8,  DType::kI16,      DType::kU16,
+                                        DType::kI32,  DType::kU32, DType::kI64, DType::kU64,      DType::kF16,
+                                        DType::kBF16, DType::kF32, DType::kF64, DType::kF8E4M3FN, DType::kF8E5M2};
 
 const DTypeInfo& info(DType dtype) {
   for (const auto& i : kInfo)
@@ -67,7 +69,7 @@ DType parse_dtype(std::string_view text) {
   }
   throw ValueError("unknown dtype '" + std::string(text) +
                    "' (expected one of bool, uint8, int8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, "
-                   "float32, float64, their short names such as f32, or numpy codes such as <f4)");
+                   "float32, float64, float8_e4m3fn, float8_e5m2, their short names such as f32, or numpy codes such as <f4)");
 }
 
 }  // namespace tessel

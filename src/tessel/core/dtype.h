@@ -11,8 +11,11 @@
 
 namespace tessel {
 
-// The later integer widths were added after the first nine; the order carries no meaning.
-enum class DType : uint8_t { kBool, kU8, kI8, kI32, kI64, kF16, kBF16, kF32, kF64, kI16, kU16, kU32, kU64 };
+// The later widths were added after the first nine; the order carries no meaning. The float8 types
+// are ml_dtypes' (JAX's) float8_e4m3fn and float8_e5m2.
+enum class DType : uint8_t {
+  kBool, kU8, kI8, kI32, kI64, kF16, kBF16, kF32, kF64, kI16, kU16, kU32, kU64, kF8E4M3FN, kF8E5M2
+};
 
 // Every DType, in declaration order.
 std::span<const DType> all_dtypes();

@@ -1,12 +1,15 @@
-// Scalar conversions between float and the two 16-bit float formats, bit-exact with JAX/numpy:
-// bfloat16 (8-bit exponent, truncated float) and IEEE float16, both rounding to nearest even.
-// They work on bit patterns (uint16_t) so no compiler float16 support is needed.
+// Scalar conversions between float and the small float formats, bit-exact with JAX/numpy/ml_dtypes:
+// bfloat16 (8-bit exponent, truncated float) and IEEE float16, both rounding to nearest even; and
+// the 8-bit float8_e4m3fn (no infinities, NaN 0x7F) and float8_e5m2 (IEEE-like), rounding to
+// nearest even, a value past the largest finite one becoming NaN (e4m3fn) or infinity (e5m2),
+// as ml_dtypes converts. They work on bit patterns so no compiler support is needed.
 //
 //   tessel::f32_to_bf16(1.0f) == 0x3F80;  tessel::bf16_to_f32(0x3F80) == 1.0f
 //   tessel::f32_to_f16(65520.0f) == 0x7C00  // rounds up to +inf, as numpy does
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 namespace tessel {
@@ -63,5 +66,56 @@ inline uint16_t f32_to_f16(float value) {
   if (rem > half || (rem == half && (q & 1u))) ++q;
   return static_cast<uint16_t>(sign | q);
 }
+
+namespace detail {
+
+// An 8-bit float with E exponent bits, M mantissa bits and bias B; `ieee`: the top exponent holds
+// infinities and NaNs (e5m2), else only the all-ones pattern is NaN (e4m3fn).
+template <int E, int M, int B, bool ieee>
+struct Float8 {
+  static constexpr int kMaxExp = (1 << E) - 1;
+  static float decode(uint8_t bits) {
+    const float sign = bits & 0x80u ? -1.0f : 1.0f;
+    const int exp = (bits >> M) & kMaxExp;
+    const int man = bits & ((1 << M) - 1);
+    if (ieee && exp == kMaxExp) return man == 0 ? sign * INFINITY : NAN;
+    if (!ieee && exp == kMaxExp && man == (1 << M) - 1) return NAN;
+    if (exp == 0) return sign * std::ldexp(static_cast<float>(man), 1 - B - M);
+    return sign * std::ldexp(1.0f + static_cast<float>(man) / (1 << M), exp - B);
+  }
+  static constexpr uint8_t kNaN = ieee ? static_cast<uint8_t>((kMaxExp << M) | (1 << (M - 1))) : 0x7F;
+  static double max_finite() {
+    return ieee ? std::ldexp(2.0 - std::ldexp(1.0, -M), kMaxExp - 1 - B)
+                : std::ldexp(2.0 - std::ldexp(1.0, 1 - M), kMaxExp - B);
+  }
+  static uint8_t encode(float value) {
+    const uint8_t sign = std::signbit(value) ? 0x80u : 0u;
+    if (std::isnan(value)) return sign | kNaN;
+    const double a = std::fabs(static_cast<double>(value));
+    if (std::isinf(a)) return sign | (ieee ? static_cast<uint8_t>(kMaxExp << M) : kNaN);
+    if (a == 0) return sign;
+    int e2 = 0;
+    std::frexp(a, &e2);  // a = f * 2^e2, f in [0.5, 1): the leading bit is 2^(e2 - 1)
+    const int lead = std::max(e2 - 1, 1 - B);  // subnormals share the smallest normal's quantum
+    const double quantum = std::ldexp(1.0, lead - M);
+    const double r = std::nearbyint(a / quantum) * quantum;  // to nearest even (the default mode)
+    if (r > max_finite()) return sign | (ieee ? static_cast<uint8_t>(kMaxExp << M) : kNaN);
+    if (r < std::ldexp(1.0, 1 - B))  // subnormal (or zero)
+      return sign | static_cast<uint8_t>(std::lround(r / std::ldexp(1.0, 1 - B - M)));
+    std::frexp(r, &e2);
+    const int exp = e2 - 1 + B;
+    const auto man = static_cast<int>(std::lround((r / std::ldexp(1.0, e2 - 1) - 1.0) * (1 << M)));
+    return sign | static_cast<uint8_t>((exp << M) | man);
+  }
+};
+using F8E4M3FN = Float8<4, 3, 7, false>;
+using F8E5M2 = Float8<5, 2, 15, true>;
+
+}  // namespace detail
+
+inline float f8e4m3fn_to_f32(uint8_t bits) { return detail::F8E4M3FN::decode(bits); }
+inline uint8_t f32_to_f8e4m3fn(float value) { return detail::F8E4M3FN::encode(value); }
+inline float f8e5m2_to_f32(uint8_t bits) { return detail::F8E5M2::decode(bits); }
+inline uint8_t f32_to_f8e5m2(float value) { return detail::F8E5M2::encode(value); }
 
 }  // namespace tessel

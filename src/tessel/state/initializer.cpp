@@ -29,6 +29,8 @@ void store(DType dtype, double v, std::byte* out) {
     case DType::kF64: std::memcpy(out, &v, 8); return;
     case DType::kBF16: { uint16_t h = f32_to_bf16(static_cast<float>(v)); std::memcpy(out, &h, 2); return; }
     case DType::kF16: { uint16_t h = f32_to_f16(static_cast<float>(v)); std::memcpy(out, &h, 2); return; }
+    case DType::kF8E4M3FN: { uint8_t b = f32_to_f8e4m3fn(static_cast<float>(v)); std::memcpy(out, &b, 1); return; }
+    case DType::kF8E5M2: { uint8_t b = f32_to_f8e5m2(static_cast<float>(v)); std::memcpy(out, &b, 1); return; }
     default: break;
   }
 }

@@ -39,6 +39,19 @@ struct BF16 {
   static uint16_t store(float a) { return f32_to_bf16(a); }
 };
 
+struct F8E4M3FN {
+  using Storage = uint8_t;
+  using Acc = float;
+  static float load(uint8_t v) { return f8e4m3fn_to_f32(v); }
+  static uint8_t store(float a) { return f32_to_f8e4m3fn(a); }
+};
+struct F8E5M2 {
+  using Storage = uint8_t;
+  using Acc = float;
+  static float load(uint8_t v) { return f8e5m2_to_f32(v); }
+  static uint8_t store(float a) { return f32_to_f8e5m2(a); }
+};
+
 template <class Fn>
 void dispatch(DType dtype, Fn&& fn) {
   switch (dtype) {
@@ -55,6 +68,8 @@ void dispatch(DType dtype, Fn&& fn) {
     case DType::kBF16: return fn(BF16{});
     case DType::kF32: return fn(Plain<float>{});
     case DType::kF64: return fn(Plain<double>{});
+    case DType::kF8E4M3FN: return fn(F8E4M3FN{});
+    case DType::kF8E5M2: return fn(F8E5M2{});
   }
   throw ValueError(fmt::format("unknown dtype code {}", static_cast<int>(dtype)));
 }
@@ -130,6 +145,8 @@ void store(DType to, double d, std::byte* dst, int64_t i) {
     case DType::kBF16: return put(f32_to_bf16(to_f32_odd(d)));
     case DType::kF32: return put(static_cast<float>(d));
     case DType::kF64: return put(d);
+    case DType::kF8E4M3FN: return put(f32_to_f8e4m3fn(to_f32_odd(d)));
+    case DType::kF8E5M2: return put(f32_to_f8e5m2(to_f32_odd(d)));
   }
 }
 
