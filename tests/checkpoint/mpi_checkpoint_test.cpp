@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <fstream>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -12,6 +13,7 @@
 #include "test_util.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/manager.h"
+#include "tessel/checkpoint/safetensors.h"
 #include "mpi_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/runtime/collectives.h"
@@ -123,6 +125,30 @@ TEST(MpiCheckpoint, EachProcessWritesItsBlocksAndRestoresOnlyItsOwn) {
     EXPECT_EQ(stats.bytes_read, stats.target_bytes);
     EXPECT_EQ(stats.target_bytes * mpi().process_count(), (64 * 32 * 2 + 32) * 4);
     EXPECT_TRUE(verify(item).faults.empty());
+  }
+}
+
+TEST(MpiCheckpoint, SafetensorsFromEveryProcessAreOneSetOfFiles) {
+  SharedDir dir;
+  for (int64_t limit : {int64_t{0}, int64_t{4096}}) {
+    SCOPED_TRACE(limit);
+    const fs::path out = dir.path() / ("st" + std::to_string(limit));
+    save_safetensors(out, train_state(mpi()), {.max_file_bytes = limit});
+    EXPECT_FALSE(fs::exists(fs::path(out) += ".tmp"));
+    // The same files as one process writes, byte for byte.
+    const fs::path one = dir.path() / ("one" + std::to_string(limit));
+    if (mpi().processes().is_leader()) save_safetensors(one, train_state(reference()), {.max_file_bytes = limit});
+    mpi().processes().all_gather("", "the reference save");
+    for (const auto& e : fs::directory_iterator(one)) {
+      std::ifstream a(e.path(), std::ios::binary), b(out / e.path().filename(), std::ios::binary);
+      const std::string x((std::istreambuf_iterator<char>(a)), {}), y((std::istreambuf_iterator<char>(b)), {});
+      EXPECT_TRUE(!x.empty() && x == y) << e.path().filename();
+    }
+    // Each process reads only its devices' byte ranges.
+    RestoreStats stats;
+    const State got = restore(mpi(), out, target_state(), {}, &stats);
+    expect_same_state(got, restore(reference(), one, target_state()));
+    EXPECT_EQ(stats.bytes_read, local_bytes(got));
   }
 }
 

@@ -227,8 +227,9 @@ void read_ranges(const LeafRead& p, const detail::StoredValue& f, const Box& chu
   }
 }
 
-// True when the destinations need most of the chunk in short pieces (a column block out of
-// row-major chunks): then reading the chunk once, slab by slab, beats one read per piece.
+// True when this process's destinations need all of the chunk in short pieces (column blocks out
+// of row-major chunks): then reading the chunk once, slab by slab, beats one read per piece. A
+// process that needs only part of it reads just its pieces, so no process reads others' bytes.
 bool small_runs(const LeafRead& p, const Box& chunk, const ReadTask& task) {
   int64_t runs = 0, elements = 0;
   for (size_t d : task.dests) {
@@ -237,7 +238,7 @@ bool small_runs(const LeafRead& p, const Box& chunk, const ReadTask& task) {
     for_each_run(region, chunk, p.dests[d].box, [&](int64_t, int64_t, int64_t) { ++runs; });
   }
   const int64_t bytes = elements * static_cast<int64_t>(item_size(p.zarr.dtype()));
-  return runs > 64 && bytes / runs < (int64_t{64} << 10) && 2 * bytes >= p.zarr.chunk_bytes();
+  return runs > 64 && bytes / runs < (int64_t{64} << 10) && bytes >= p.zarr.chunk_bytes();
 }
 
 // An uncompressed chunk read whole, in slabs along its first dimension of about kSlabBytes,
