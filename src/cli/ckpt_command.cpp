@@ -12,11 +12,13 @@
 
 #include "cli/commands.h"
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/key_map.h"
 #include "tessel/checkpoint/manager.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
+#include "tessel/runtime/cast.h"
 #include "tessel/runtime/device.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/init.h"
@@ -29,6 +31,7 @@ struct CkptArgs {
   std::string dir, dst, mesh, rules, paths, path, out, compression = "none", to, dtype;
   std::string logical_axes, shardings, axis_map;  // targets for foreign checkpoints
   std::string select, rename;                      // subtrees, and where they go
+  std::string map, map_vars;                       // convert: a key map between two trees
   int64_t max_file_mb = 0;
   std::optional<int64_t> step;
   std::optional<std::string> item;
@@ -271,12 +274,78 @@ void reshard_command(const CkptArgs& a) {
                            text_util::format_bytes(stats.target_bytes), t.mesh.to_string(), stats.seconds, a.dst, s);
 }
 
+// A conversion through a key map: each target tensor made on the host from its source tensors
+// (restored onto one device), then written (safetensors, one at a time) or gathered (Orbax).
+void convert_mapped(const CkptArgs& a, const fs::path& item, const std::string& to) {
+  const KeyMap map = load_key_map(a.map, parse_map_vars(a.map_vars));
+  State source = saved_abstract_state(item);
+  if (!a.select.empty()) {
+    std::vector<std::string> patterns;
+    for (auto p : text_util::split_commas(a.select)) patterns.emplace_back(p);
+    State picked;
+    for (const std::string& p : select_paths(source, patterns)) picked.insert(p, source.at(p));
+    source = std::move(picked);
+  }
+  const MapPlan plan = plan_key_map(map, source);
+  const auto renames = parse_renames(a.rename);
+  const std::optional<DType> cast_to = a.dtype.empty() ? std::nullopt : std::optional(parse_dtype(a.dtype));
+  State target;
+  for (const auto& [path, v] : plan.target)
+    target.insert(rename_path(path, renames), Variable::abstract(kParam, v.shape(), cast_to.value_or(v.dtype())));
+  const Mesh host({{"host", 1}});
+  const NamedSharding on_host(host, PartitionSpec{});
+  Runtime rt = Runtime::host(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<SafetensorsWriter> writer;
+  if (to == "safetensors") writer.emplace(a.dst, target, SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+  State out;
+  std::map<std::string, HostArray> cache;  // the sources of the last tensor (an unstacked source feeds several)
+  RestoreOptions options;
+  options.partial = true;
+  options.staging_bytes = std::min<int64_t>(a.staging_mb << 20, int64_t{64} << 20);
+  for (const MappedTensor& t : plan.tensors) {
+    State wanted;
+    for (const std::string& p : t.sources)
+      if (!cache.contains(p)) wanted.insert(p, Variable::abstract(kParam, source.at(p).shape(), source.at(p).dtype(), on_host));
+    std::map<std::string, HostArray> next;
+    for (const std::string& p : t.sources)
+      if (auto it = cache.find(p); it != cache.end()) next.emplace(p, std::move(it->second));
+    if (!wanted.empty())
+      for (const auto& [p, v] : restore(rt, item, wanted, options)) next.emplace(p, to_host(v.array()));
+    cache = std::move(next);
+    std::vector<const HostArray*> inputs;
+    for (const std::string& p : t.sources) inputs.push_back(&cache.at(p));
+    Array made = device_put(rt, apply_mapped(t, inputs), on_host);
+    if (cast_to) made = cast(made, *cast_to);
+    const std::string path = rename_path(t.path, renames);
+    if (writer) {
+      writer->write(path, made);
+    } else {
+      out.insert(path, Variable(kParam, std::move(made)));
+    }
+  }
+  if (writer) {
+    writer->commit();
+  } else {
+    save_orbax(a, out, std::nullopt);
+  }
+  std::cout << fmt::format("{} source tensors mapped {} by {} to {} {} tensors in {} in {:.3f} s, peak RSS {}\n",
+                           source.size(), plan.forward ? "forward" : "backward", a.map, target.size(), to, a.dst,
+                           seconds_since(t0), text_util::format_bytes(peak_rss()));
+}
+
 // Orbax <-> safetensors: restored onto --mesh (default one device), optionally cast, then saved in
 // the other format (or the one --to names).
 void convert_command(const CkptArgs& a) {
   const fs::path item = find_item_dir(a.dir, a.step, a.item);
   const bool from_safetensors = read_item_metadata(item).format == StorageFormat::kSafetensors;
   const std::string to = a.to.empty() ? (from_safetensors ? "orbax" : "safetensors") : a.to;
+  if (!a.map.empty()) {
+    if (!a.mesh.empty() || !a.paths.empty() || !a.shardings.empty() || !a.logical_axes.empty() || !a.axis_map.empty())
+      throw ValueError("--map converts on one device: leave out --mesh, --paths, --shardings, --logical-axes, --axis-map");
+    convert_mapped(a, item, to);
+    return;
+  }
   Target t = make_target(a, item);
   if (!a.dtype.empty()) {
     const DType dtype = parse_dtype(a.dtype);
@@ -401,6 +470,11 @@ void add_ckpt_command(CLI::App& app) {
   c->add_option("--compression", args->compression, "Orbax: none, zstd or zstd:<level>");
   add_storage_options(c, args->storage);
   c->add_option("--rename", args->rename, "Move subtrees: old=new prefixes ('params.params=' strips one)");
+  c->add_option("--map", args->map,
+                "Key map between two trees (YAML: rename by patterns, transpose, split, stack layers), applied "
+                "forward or backward as the source's names match; see examples/maps/")
+      ->check(CLI::ExistingFile);
+  c->add_option("--map-var", args->map_vars, "Values for the map's {names}: NAME=VALUE,...");
   c->callback([args] { convert_command(*args); });
 }
 

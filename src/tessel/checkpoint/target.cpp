@@ -162,13 +162,8 @@ std::map<std::string, LogicalAxes> load_target_logical_axes(const std::filesyste
 
 std::map<std::string, std::string> parse_axis_map(std::string_view text) {
   std::map<std::string, std::string> out;
-  for (std::string_view entry : text_util::split_commas(text)) {
-    if (entry.empty()) continue;
-    const size_t eq = entry.find('=');
-    if (eq == std::string_view::npos || eq == 0)
-      throw ValueError(fmt::format("--axis-map entry '{}' is not old=new (or old= to drop the axis)", entry));
-    out[std::string(entry.substr(0, eq))] = std::string(entry.substr(eq + 1));
-  }
+  for (auto& [from, to] : text_util::parse_assignments(text, "--axis-map", "old=new (or old= to drop the axis)"))
+    out[from] = to;
   return out;
 }
 
@@ -234,15 +229,7 @@ State rename_prefixes(const State& state, const std::vector<std::pair<std::strin
 }
 
 std::vector<std::pair<std::string, std::string>> parse_renames(std::string_view text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (std::string_view entry : text_util::split_commas(text)) {
-    if (entry.empty()) continue;
-    const size_t eq = entry.find('=');
-    if (eq == std::string_view::npos || eq == 0)
-      throw ValueError(fmt::format("--rename entry '{}' is not old=new (or old= to strip the prefix)", entry));
-    out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
-  }
-  return out;
+  return text_util::parse_assignments(text, "--rename", "old=new (or old= to strip the prefix)");
 }
 
 }  // namespace tessel

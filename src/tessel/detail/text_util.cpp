@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "tessel/core/error.h"
+
 namespace tessel::text_util {
 
 std::string format_bytes(int64_t bytes) {
@@ -14,6 +16,19 @@ std::string format_bytes(int64_t bytes) {
     ++unit;
   }
   return fmt::format("{:.2f} {}", v, kUnits[unit]);
+}
+
+std::vector<std::pair<std::string, std::string>> parse_assignments(std::string_view text, std::string_view flag,
+                                                                   std::string_view form) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::string_view entry : split_commas(text)) {
+    if (entry.empty()) continue;
+    const size_t eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0)
+      throw ValueError(fmt::format("{} entry '{}' is not {}", flag, entry, form));
+    out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return out;
 }
 
 }  // namespace tessel::text_util

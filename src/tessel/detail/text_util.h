@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tessel::text_util {
@@ -41,5 +42,10 @@ inline std::string what_prefix(std::string_view what) {
 
 // "512 B", "4.00 KiB", "1.50 GiB".
 std::string format_bytes(int64_t bytes);
+
+// "a=b, c=" as (name, value) pairs in order; values may be empty. Throws ValueError naming `flag`
+// and the entry for one without '=' or with an empty name.
+std::vector<std::pair<std::string, std::string>> parse_assignments(std::string_view text, std::string_view flag,
+                                                                   std::string_view form);
 
 }  // namespace tessel::text_util

@@ -1,0 +1,410 @@
+#include "tessel/checkpoint/key_map.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/core/box_copy.h"
+#include "tessel/core/error.h"
+#include "tessel/detail/text_util.h"
+#include "tessel/detail/yaml_util.h"
+
+namespace tessel {
+namespace fs = std::filesystem;
+using yaml_util::fail;
+
+namespace {
+
+std::string levels(std::string pattern) {
+  std::replace(pattern.begin(), pattern.end(), '.', '/');
+  return pattern;
+}
+
+bool has_index(const std::string& pattern) { return pattern.find("{i}") != std::string::npos; }
+
+// A scalar as an integer, "{name}" taken from the variables.
+int64_t int_of(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars,
+               std::string_view what) {
+  if (!n.IsScalar()) fail(source, n, fmt::format("{} must be an integer", what));
+  std::string text = n.Scalar();
+  if (text.size() > 2 && text.front() == '{' && text.back() == '}') {
+    auto it = vars.find(text.substr(1, text.size() - 2));
+    if (it == vars.end()) fail(source, n, fmt::format("{}: no value for {} (give it in vars: or --map-var)", what, text));
+    text = it->second;
+  }
+  int64_t v = 0;
+  try {
+    size_t used = 0;
+    v = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    fail(source, n, fmt::format("{} must be an integer, got '{}'", what, text));
+  }
+  return v;
+}
+
+std::string pattern_of(const std::string& source, const YAML::Node& n, std::string_view what) {
+  if (!n || !n.IsScalar() || n.Scalar().empty()) fail(source, n, fmt::format("{} must be a name pattern", what));
+  const std::string p = levels(n.Scalar());
+  const size_t first = p.find("{i}");
+  if (first != std::string::npos && p.find("{i}", first + 1) != std::string::npos)
+    fail(source, n, fmt::format("{} '{}' holds {{i}} twice", what, n.Scalar()));
+  for (const std::string_view level : text_util::split(p, '/'))
+    if (level.empty()) fail(source, n, fmt::format("{} '{}' has an empty level", what, n.Scalar()));
+  return p;
+}
+
+std::regex regex_of(const std::string& pattern) {
+  std::string r;
+  for (size_t k = 0; k < pattern.size(); ++k) {
+    if (pattern.compare(k, 3, "{i}") == 0) {
+      r += "([0-9]+)";
+      k += 2;
+    } else if (std::string_view("\\^$.|?*+()[]{}").find(pattern[k]) != std::string_view::npos) {
+      r += '\\';
+      r += pattern[k];
+    } else {
+      r += pattern[k];
+    }
+  }
+  return std::regex(r);
+}
+
+std::string with_index(std::string pattern, int64_t i) {
+  const size_t at = pattern.find("{i}");
+  if (at != std::string::npos) pattern.replace(at, 3, std::to_string(i));
+  return pattern;
+}
+
+// Shapes through the steps, forward and back.
+Shape transposed(const Shape& s, const std::vector<int64_t>& perm) {
+  if (perm.empty()) return s;
+  std::vector<int64_t> out;
+  for (int64_t p : perm) out.push_back(s[static_cast<size_t>(p)]);
+  return Shape(std::move(out));
+}
+Shape untransposed(const Shape& s, const std::vector<int64_t>& perm) {
+  if (perm.empty()) return s;
+  std::vector<int64_t> out(s.rank());
+  for (size_t k = 0; k < perm.size(); ++k) out[static_cast<size_t>(perm[k])] = s[k];
+  return Shape(std::move(out));
+}
+std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t k = 0; k < perm.size(); ++k) inv[static_cast<size_t>(perm[k])] = static_cast<int64_t>(k);
+  return inv;
+}
+
+Shape split_shape(const KeyMapRule& r, const Shape& s, const std::string& what) {
+  if (!r.split_axis) return s;
+  const auto axis = static_cast<size_t>(*r.split_axis);
+  if (axis >= s.rank()) throw ValueError(fmt::format("{}: split axis {} of a rank-{} tensor", what, axis, s.rank()));
+  int64_t known = 1, unknown = -1;
+  for (size_t k = 0; k < r.split_sizes.size(); ++k) {
+    if (r.split_sizes[k] == -1) {
+      unknown = static_cast<int64_t>(k);
+    } else {
+      known *= r.split_sizes[k];
+    }
+  }
+  std::vector<int64_t> sizes = r.split_sizes;
+  if (unknown >= 0) sizes[static_cast<size_t>(unknown)] = known > 0 ? s[axis] / known : 0;
+  if (std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<>()) != s[axis])
+    throw ValueError(fmt::format("{}: dimension {} ({}) does not split into {}", what, axis, s[axis],
+                                 fmt::join(r.split_sizes, ", ")));
+  std::vector<int64_t> out(s.dims().begin(), s.dims().begin() + static_cast<long>(axis));
+  out.insert(out.end(), sizes.begin(), sizes.end());
+  out.insert(out.end(), s.dims().begin() + static_cast<long>(axis) + 1, s.dims().end());
+  return Shape(std::move(out));
+}
+Shape merge_shape(const KeyMapRule& r, const Shape& s, const std::string& what) {
+  if (!r.split_axis) return s;
+  const auto axis = static_cast<size_t>(*r.split_axis), n = r.split_sizes.size();
+  if (axis + n > s.rank()) throw ValueError(fmt::format("{}: rank {} is too small to merge a split", what, s.rank()));
+  for (size_t k = 0; k < n; ++k)
+    if (r.split_sizes[k] != -1 && r.split_sizes[k] != s[axis + k])
+      throw ValueError(fmt::format("{}: dimension {} is {}, the map splits it as {}", what, axis + k, s[axis + k],
+                                   r.split_sizes[k]));
+  int64_t merged = 1;
+  for (size_t k = 0; k < n; ++k) merged *= s[axis + k];
+  std::vector<int64_t> out(s.dims().begin(), s.dims().begin() + static_cast<long>(axis));
+  out.push_back(merged);
+  out.insert(out.end(), s.dims().begin() + static_cast<long>(axis + n), s.dims().end());
+  return Shape(std::move(out));
+}
+
+Shape insert_axis(const Shape& s, size_t axis, int64_t n) {
+  std::vector<int64_t> d = s.dims();
+  d.insert(d.begin() + static_cast<long>(axis), n);
+  return Shape(std::move(d));
+}
+Shape remove_axis(const Shape& s, size_t axis) {
+  std::vector<int64_t> d = s.dims();
+  d.erase(d.begin() + static_cast<long>(axis));
+  return Shape(std::move(d));
+}
+
+// A permuted copy: out[k] = in[perm[k]] per dimension.
+HostArray transpose(const HostArray& in, const std::vector<int64_t>& perm) {
+  if (perm.empty()) return in;
+  const Shape& s = in.shape();
+  const size_t rank = s.rank(), item = item_size(in.dtype());
+  HostArray out(transposed(s, perm), in.dtype());
+  if (s.num_elements() == 0) return out;
+  std::vector<int64_t> in_strides(rank, 1);
+  for (size_t d = rank; d-- > 1;) in_strides[d - 1] = in_strides[d] * s[d];
+  std::vector<int64_t> stride(rank);  // input stride of each output dimension
+  for (size_t k = 0; k < rank; ++k) stride[k] = in_strides[static_cast<size_t>(perm[k])];
+  const Shape& o = out.shape();
+  const std::byte* src = in.bytes().data();
+  std::byte* dst = out.mutable_bytes().data();
+  std::vector<int64_t> at(rank, 0);
+  const int64_t inner = o[rank - 1], inner_stride = stride[rank - 1];
+  for (int64_t row = 0, rows = o.num_elements() / inner; row < rows; ++row) {
+    int64_t base = 0;
+    for (size_t k = 0; k + 1 < rank; ++k) base += at[k] * stride[k];
+    for (int64_t j = 0; j < inner; ++j, dst += item)
+      std::memcpy(dst, src + (base + j * inner_stride) * static_cast<int64_t>(item), item);
+    for (size_t k = rank - 1; k-- > 0;) {
+      if (++at[k] < o[k]) break;
+      at[k] = 0;
+    }
+  }
+  return out;
+}
+
+HostArray reshaped(HostArray a, const Shape& shape) {
+  return HostArray(shape, a.dtype(), std::vector<std::byte>(a.bytes().begin(), a.bytes().end()));
+}
+
+Box slice_box(const Shape& shape, size_t axis, int64_t index) {
+  std::vector<int64_t> start(shape.rank(), 0), stop(shape.dims());
+  start[axis] = index;
+  stop[axis] = index + 1;
+  return Box(std::move(start), std::move(stop));
+}
+
+}  // namespace
+
+KeyMap parse_key_map(std::string_view yaml, std::string source, const std::map<std::string, std::string>& given) {
+  const YAML::Node root = yaml_util::load(yaml, source);
+  if (!root.IsMap()) fail(source, root, "a key map is a mapping with `rules` (and optionally `vars`)");
+  std::map<std::string, std::string> vars;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    if (key != "rules" && key != "vars") fail(source, kv.first, fmt::format("unknown key '{}' (expected rules, vars)", key));
+  }
+  if (root["vars"]) {
+    if (!root["vars"].IsMap()) fail(source, root["vars"], "vars must be a mapping of names to values");
+    for (const auto& kv : root["vars"]) vars[kv.first.as<std::string>()] = kv.second.as<std::string>();
+  }
+  for (const auto& [k, v] : given) vars[k] = v;
+  const YAML::Node rules = root["rules"];
+  if (!rules || !rules.IsSequence() || rules.size() == 0) fail(source, root, "rules must be a non-empty list");
+  KeyMap map{{}, source};
+  for (const YAML::Node& n : rules) {
+    if (!n.IsMap()) fail(source, n, "each rule is a mapping with from and to");
+    for (const auto& kv : n) {
+      const std::string key = kv.first.as<std::string>();
+      static const std::set<std::string> known = {"from", "to", "transpose", "split", "stack", "optional"};
+      if (!known.contains(key))
+        fail(source, kv.first, fmt::format("unknown rule key '{}' (expected from, to, transpose, split, stack, optional)", key));
+    }
+    KeyMapRule r;
+    r.from = pattern_of(source, n["from"], "from");
+    r.to = pattern_of(source, n["to"], "to");
+    if (has_index(r.to) && !has_index(r.from)) fail(source, n["to"], "to has {i} but from has not");
+    if (const YAML::Node t = n["transpose"]) {
+      if (!t.IsSequence()) fail(source, t, "transpose must be a list (a permutation)");
+      for (const YAML::Node& p : t) r.transpose.push_back(int_of(source, p, vars, "transpose"));
+      std::vector<int64_t> sorted = r.transpose;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t k = 0; k < sorted.size(); ++k)
+        if (sorted[k] != static_cast<int64_t>(k)) fail(source, t, "transpose is not a permutation of 0..rank-1");
+    }
+    if (const YAML::Node s = n["split"]) {
+      if (!s.IsSequence() || s.size() != 2 || !s[1].IsSequence() || s[1].size() < 1)
+        fail(source, s, "split is [axis, [size, ...]]");
+      r.split_axis = int_of(source, s[0], vars, "split axis");
+      int unknowns = 0;
+      for (const YAML::Node& x : s[1]) {
+        r.split_sizes.push_back(int_of(source, x, vars, "split size"));
+        if (r.split_sizes.back() == -1) ++unknowns;
+        else if (r.split_sizes.back() <= 0) fail(source, x, "split sizes are positive, or -1 once");
+      }
+      if (unknowns > 1 || *r.split_axis < 0) fail(source, s, "split has more than one -1 or a negative axis");
+    }
+    if (const YAML::Node s = n["stack"]) {
+      r.stack = int_of(source, s, vars, "stack");
+      if (*r.stack < 0) fail(source, s, "stack must be a non-negative axis");
+    }
+    if (has_index(r.from) && !has_index(r.to) && !r.stack)
+      fail(source, n, "from has {i} and to has not: say along which axis the layers stack (stack: AXIS)");
+    if (r.stack && !(has_index(r.from) && !has_index(r.to)))
+      fail(source, n["stack"], "stack needs {i} in from and not in to");
+    if (const YAML::Node o = n["optional"]) r.optional = o.as<bool>();
+    map.rules.push_back(std::move(r));
+  }
+  return map;
+}
+
+KeyMap load_key_map(const fs::path& file, const std::map<std::string, std::string>& vars) {
+  return parse_key_map(detail::read_file(file, int64_t{16} << 20), file.string(), vars);
+}
+
+std::map<std::string, std::string> parse_map_vars(std::string_view text) {
+  std::map<std::string, std::string> out;
+  for (auto& [name, value] : text_util::parse_assignments(text, "--map-var", "NAME=VALUE")) out[name] = value;
+  return out;
+}
+
+MapPlan plan_key_map(const KeyMap& map, const State& source) {
+  std::vector<std::regex> from, to;
+  for (const KeyMapRule& r : map.rules) {
+    from.push_back(regex_of(r.from));
+    to.push_back(regex_of(r.to));
+  }
+  // The first rule whose pattern (one side) matches each source path, with its {i}.
+  struct Match {
+    size_t rule;
+    int64_t index;
+  };
+  auto match_all = [&](const std::vector<std::regex>& patterns, std::vector<std::string>& unmatched) {
+    std::map<std::string, Match, PathLess> out;
+    for (const auto& [path, v] : source) {
+      bool found = false;
+      for (size_t r = 0; r < patterns.size() && !found; ++r) {
+        std::smatch m;
+        if (std::regex_match(path, m, patterns[r])) {
+          out.emplace(path, Match{r, m.size() > 1 ? std::stoll(m[1].str()) : -1});
+          found = true;
+        }
+      }
+      if (!found) unmatched.push_back(path);
+    }
+    return out;
+  };
+  std::vector<std::string> unmatched_forward, unmatched_backward;
+  const auto forward = match_all(from, unmatched_forward);
+  const auto backward = match_all(to, unmatched_backward);
+  const bool fwd = unmatched_forward.empty(), bwd = unmatched_backward.empty();
+  if (fwd && bwd && !source.empty() && !forward.empty())
+    throw ValueError(map.source + ": the source's names match both sides of the map; which way is meant?");
+  if (!fwd && !bwd) {
+    const bool closer = unmatched_forward.size() <= unmatched_backward.size();
+    const auto& missing = closer ? unmatched_forward : unmatched_backward;
+    std::vector<std::string> show(missing.begin(), missing.begin() + static_cast<long>(std::min<size_t>(missing.size(), 8)));
+    throw ValueError(fmt::format("{}: no rule's {} matches {} of the source's tensors: {}{}", map.source,
+                                 closer ? "from" : "to", missing.size(), fmt::join(show, ", "),
+                                 missing.size() > show.size() ? ", ..." : ""));
+  }
+  const auto& matches = fwd ? forward : backward;
+  MapPlan plan;
+  plan.forward = fwd;
+  // Group by rule and target.
+  std::vector<size_t> used(map.rules.size(), 0);
+  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> stacks;  // target -> (index, source)
+  std::map<std::string, size_t> stack_rule;
+  for (const auto& [path, m] : matches) {
+    const KeyMapRule& r = map.rules[m.rule];
+    const Variable& v = source.at(path);
+    ++used[m.rule];
+    const std::string what = fmt::format("'{}' ({} {})", path, map.source, fwd ? r.from : r.to);
+    if (fwd) {
+      if (r.transpose.size() && r.transpose.size() != v.shape().rank())
+        throw ValueError(fmt::format("{}: transpose of {} axes for a rank-{} tensor", what, r.transpose.size(),
+                                     v.shape().rank()));
+      const Shape s = split_shape(r, transposed(v.shape(), r.transpose), what);
+      if (r.stack) {
+        stacks[r.to].emplace_back(m.index, path);
+        stack_rule[r.to] = m.rule;
+        continue;
+      }
+      plan.tensors.push_back({with_index(r.to, m.index), s, v.dtype(), {path}, std::nullopt, std::nullopt, 0, &r, true});
+    } else {
+      if (r.stack) {  // unstack: one target per layer
+        const auto axis = static_cast<size_t>(*r.stack);
+        if (axis >= v.shape().rank())
+          throw ValueError(fmt::format("{}: no axis {} to unstack in a rank-{} tensor", what, axis, v.shape().rank()));
+        const Shape slice = remove_axis(v.shape(), axis);
+        const Shape s = untransposed(merge_shape(r, slice, what), r.transpose);
+        for (int64_t i = 0; i < v.shape()[axis]; ++i)
+          plan.tensors.push_back({with_index(r.from, i), s, v.dtype(), {path}, std::nullopt, *r.stack, i, &r, false});
+      } else {
+        if (r.transpose.size() && r.transpose.size() != merge_shape(r, v.shape(), what).rank())
+          throw ValueError(fmt::format("{}: transpose of {} axes does not fit", what, r.transpose.size()));
+        const Shape s = untransposed(merge_shape(r, v.shape(), what), r.transpose);
+        plan.tensors.push_back({with_index(r.from, m.index), s, v.dtype(), {path}, std::nullopt, std::nullopt, 0, &r, false});
+      }
+    }
+  }
+  for (auto& [target, members] : stacks) {
+    const KeyMapRule& r = map.rules[stack_rule[target]];
+    std::sort(members.begin(), members.end());
+    for (size_t k = 0; k < members.size(); ++k)
+      if (members[k].first != static_cast<int64_t>(k))
+        throw ValueError(fmt::format("{}: '{}' stacks layers {}: they must be 0..{} without gaps", map.source, target,
+                                     members[k].first, members.size() - 1));
+    const Variable& first = source.at(members.front().second);
+    std::vector<std::string> paths;
+    for (const auto& [i, p] : members) {
+      const Variable& v = source.at(p);
+      if (v.shape() != first.shape() || v.dtype() != first.dtype())
+        throw ValueError(fmt::format("{}: '{}' is {} but '{}' is {}: layers stack only when alike", map.source, p,
+                                     type_string(v.dtype(), v.shape()), members.front().second,
+                                     type_string(first.dtype(), first.shape())));
+      paths.push_back(p);
+    }
+    const Shape s = split_shape(r, transposed(first.shape(), r.transpose), "'" + target + "'");
+    if (static_cast<size_t>(*r.stack) > s.rank())
+      throw ValueError(fmt::format("{}: stack axis {} past the rank {} of '{}'", map.source, *r.stack, s.rank(), target));
+    plan.tensors.push_back({target, insert_axis(s, static_cast<size_t>(*r.stack), static_cast<int64_t>(paths.size())),
+                            first.dtype(), paths, *r.stack, std::nullopt, 0, &r, true});
+  }
+  std::vector<std::string> unused;
+  for (size_t r = 0; r < map.rules.size(); ++r)
+    if (used[r] == 0 && !map.rules[r].optional) unused.push_back(fwd ? map.rules[r].from : map.rules[r].to);
+  if (!unused.empty())
+    throw ValueError(fmt::format("{}: these rules match none of the source's tensors (mark them optional: true if "
+                                 "they may): {}", map.source, fmt::join(unused, ", ")));
+  for (const MappedTensor& t : plan.tensors) {
+    if (plan.target.contains(t.path)) throw ValueError(fmt::format("{}: two tensors map to '{}'", map.source, t.path));
+    plan.target.insert(t.path, Variable::abstract(kParam, t.shape, t.dtype));
+  }
+  return plan;
+}
+
+HostArray apply_mapped(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
+  const KeyMapRule& r = *t.rule;
+  const size_t item = item_size(t.dtype);
+  if (t.forward) {
+    auto one = [&](const HostArray& a) { return reshaped(transpose(a, r.transpose), split_shape(r, transposed(a.shape(), r.transpose), t.path)); };
+    if (!t.stack) return one(*sources.front());
+    HostArray out(t.shape, t.dtype);
+    const auto axis = static_cast<size_t>(*t.stack);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const HostArray slice = one(*sources[i]);
+      const Box dst = slice_box(t.shape, axis, static_cast<int64_t>(i));
+      copy_region(slice.bytes().data(), dst, out.mutable_bytes().data(), Box::full(t.shape), dst, item);
+    }
+    return out;
+  }
+  const HostArray& src = *sources.front();
+  HostArray piece = src;
+  if (t.unstack) {
+    const auto axis = static_cast<size_t>(*t.unstack);
+    const Box region = slice_box(src.shape(), axis, t.index);
+    HostArray slice(remove_axis(src.shape(), axis), t.dtype);
+    copy_region(src.bytes().data(), Box::full(src.shape()), slice.mutable_bytes().data(), region, region, item);
+    piece = std::move(slice);
+  }
+  const Shape merged = merge_shape(r, piece.shape(), t.path);
+  return transpose(reshaped(std::move(piece), merged), r.transpose.empty() ? r.transpose : inverse(r.transpose));
+}
+
+}  // namespace tessel

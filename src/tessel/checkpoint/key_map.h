@@ -1,0 +1,86 @@
+// Maps between two projects' trees of the same model (Hugging Face's names and layouts <->
+// MaxText's), for conversions. A map is YAML, written in one direction (from -> to) and applied in
+// either: a source whose names match the `from` patterns is mapped forward, one whose names match
+// the `to` patterns backward (each step inverted).
+//
+//   vars: {head_dim: 64}                       # defaults; --map-var head_dim=128 overrides
+//   rules:
+//     - from: model.embed_tokens.weight
+//       to: token_embedder.embedding
+//     - from: model.layers.{i}.self_attn.q_proj.weight     # [heads*head_dim, embed]
+//       to: decoder.layers.self_attention.query.kernel     # [embed, layers, heads, head_dim]
+//       transpose: [1, 0]                # HF Linear is [out, in], Flax kernels [in, out]
+//       split: [1, [-1, "{head_dim}"]]   # axis 1 into (heads, head_dim); -1 is inferred
+//       stack: 1                         # the {i} tensors stacked along axis 1 of the result
+//
+// Steps apply in the order transpose, split, stack (backward: unstack, merge, transpose back).
+// Names use '.' or '/' between levels. `{i}` stands for a layer index 0..n-1; in `from` alone it
+// needs `stack`, in both it keeps layers apart. Every source tensor must be matched by a rule,
+// and a rule (unless `optional: true`) must match something.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/core/host_array.h"
+#include "tessel/state/state.h"
+
+namespace tessel {
+
+struct KeyMapRule {
+  std::string from, to;                          // '/'-joined patterns, each may hold "{i}"
+  std::vector<int64_t> transpose;                // a permutation, or empty
+  std::optional<int64_t> split_axis;             // split this axis (after the transpose) ...
+  std::vector<int64_t> split_sizes;              // ... into these sizes (one may be -1)
+  std::optional<int64_t> stack;                  // stack axis of the result, for {i} in `from` only
+  bool optional = false;
+};
+
+struct KeyMap {
+  std::vector<KeyMapRule> rules;
+  std::string source;  // for messages
+};
+
+// Parses a map; `vars` (NAME=VALUE) override the map's own `vars`. Throws ParseError naming the
+// file, line and key for unknown keys, bad patterns, a transpose that is no permutation, a split
+// with more than one -1, `{i}` in `to` but not in `from`, or a `{name}` without a value.
+KeyMap parse_key_map(std::string_view yaml, std::string source, const std::map<std::string, std::string>& vars = {});
+KeyMap load_key_map(const std::filesystem::path& file, const std::map<std::string, std::string>& vars = {});
+
+// One target tensor and how to make it: from one source tensor (`sources.size() == 1`, its
+// `index`-th slice along `unstack` when set) or from several stacked along `stack`.
+struct MappedTensor {
+  std::string path;  // target path
+  Shape shape;
+  DType dtype;
+  std::vector<std::string> sources;    // source paths, in stacking order
+  std::optional<int64_t> stack;        // forward: stack the sources along this axis
+  std::optional<int64_t> unstack;      // backward: take slice `index` along this axis of the source
+  int64_t index = 0;
+  const KeyMapRule* rule = nullptr;
+  bool forward = true;
+};
+
+struct MapPlan {
+  bool forward = true;
+  std::vector<MappedTensor> tensors;  // in source order of their first source
+  State target;                       // abstract: every target path with its shape and dtype
+};
+
+// The targets of `source` (abstract: paths, shapes, dtypes) under the map, in the direction its
+// names match. Throws ValueError listing source tensors no rule matches, rules that match nothing,
+// layers that are not 0..n-1, shapes a step does not fit, and a map that matches both ways or none.
+MapPlan plan_key_map(const KeyMap& map, const State& source);
+
+// The target tensor from its source arrays (in `t.sources` order), on the host.
+HostArray apply_mapped(const MappedTensor& t, const std::vector<const HostArray*>& sources);
+
+// "NAME=VALUE,..." as map variables.
+std::map<std::string, std::string> parse_map_vars(std::string_view text);
+
+}  // namespace tessel
