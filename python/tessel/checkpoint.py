@@ -23,7 +23,7 @@ import numpy as np
 
 from tessel import _tessel
 from tessel._jax import from_jax, to_jax
-from tessel._tessel import ArgumentError, LogicalRules, Mesh, NamedSharding, PartitionSpec
+from tessel._tessel import ArgumentError, Error as tessel_error, IoError, LogicalRules, Mesh, NamedSharding, PartitionSpec
 
 SEQUENCE_KEY = 1  # Orbax's KeyType.SEQUENCE: the key is a list/tuple index
 
@@ -416,38 +416,61 @@ def _renamed(values: dict, key_types: dict, rename: Mapping[str, str]) -> tuple[
     return out, {move(k): t for k, t in key_types.items() if k and move(k)} | ({"": key_types[""]} if "" in key_types else {})
 
 
-@dataclass(frozen=True)
-class _Target:
-    """A restore target leaf: a sharding and the dtype to cast to (as a jax.ShapeDtypeStruct gives)."""
-    sharding: NamedSharding
-    dtype: np.dtype
+def _cli() -> str:
+    exe = os.environ.get("TESSEL_CLI")
+    if exe:
+        return exe
+    from tessel.__main__ import executable
+    return executable()
 
 
-def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = None, rules: LogicalRules | None = None,
+def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = None, rules: str | None = None,
             dtype: Any = None, step: int | None = None, item: str | None = None,
-            select: str | Sequence[str] | None = None, max_file_bytes: int = 0, **save_options) -> str:
-    """`tessel ckpt convert`: an Orbax item or step as safetensors, or safetensors as an Orbax
-    item (`to`: "orbax" or "safetensors", default the other format of `src`). The arrays go
-    through `mesh` (default one device), cast to `dtype` when given; `save_options` go to `save`
-    (compression, use_ocdbt, use_zarr3). Returns the format written."""
-    item_dir = _tessel.find_item_dir(str(src), step, item)
-    fmt = _tessel.item_storage(item_dir)[3]
+            select: str | Sequence[str] | None = None, rename: Mapping[str, str] | None = None,
+            map: str | None = None, map_vars: Mapping[str, Any] | None = None, max_file_bytes: int = 0,
+            compression: str = "none", use_ocdbt: bool = True, use_zarr3: bool = False) -> str:
+    """`tessel ckpt convert`, run by the package's own CLI: an Orbax item or step as safetensors, or
+    safetensors as an Orbax item (`to`: "orbax" or "safetensors", default the other format of
+    `src`), streaming one batch of tensors at a time. Tensors go through `mesh` (default one
+    device; `rules`: a rules file), cast to `dtype`; `select` keeps subtrees (globs), `rename`
+    moves them ({"params.params": ""}); `map` is a key map (examples/maps/llama.yml) with
+    `map_vars` ({"head_dim": 128}). Returns the format written; a failure raises tessel.Error with
+    the tool's message."""
+    import subprocess
+    args = [_cli(), "ckpt", "convert", os.fspath(src), os.fspath(dst)]
+    fmt = _tessel.item_storage(_tessel.find_item_dir(str(src), step, item))[3]
     to = to or ("orbax" if fmt == "safetensors" else "safetensors")
     if to not in ("orbax", "safetensors"):
         raise ArgumentError(f"to must be 'orbax' or 'safetensors', not {to!r}")
-    mesh = mesh or Mesh([("host", 1)])
-    shardings = None
+    args += ["--to", to]
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 0 or max_file_bytes % (1 << 20):
+        raise ArgumentError(f"max_file_bytes must be a non-negative multiple of 1 MiB, not {max_file_bytes!r}")
+    if max_file_bytes:
+        args += ["--max-file-mb", str(max_file_bytes >> 20)]
+    if mesh is not None:
+        args += ["--mesh", ",".join(f"{a}={n}" for a, n in zip(mesh.axis_names, mesh.shape.values()))]
+    if rules is not None:
+        args += ["--rules", os.fspath(rules)]
     if dtype is not None:
-        cast = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-        shardings = {}
-        for p in _selected([rec[0] for rec in _tessel.saved_leaves(item_dir)], select):
-            target = _tessel.target_leaves(item_dir, mesh, rules, [p])[0][1]
-            shardings[p] = _Target(target, cast)
-    tree = restore(item_dir, mesh=mesh, rules=rules, select=select, shardings=shardings)
-    if to == "safetensors":
-        save_safetensors(dst, tree, metadata={"format": "pt"}, max_file_bytes=max_file_bytes)
-    else:
-        save(dst, tree, rules=rules, **save_options)
+        args += ["--dtype", dtype if isinstance(dtype, str) else np.dtype(dtype).name]
+    if step is not None:
+        args += ["--step", str(step)]
+    if item is not None:
+        args += ["--item", item]
+    if select is not None:
+        args += ["--select", select if isinstance(select, str) else ",".join(select)]
+    if rename:
+        args += ["--rename", ",".join(f"{a}={b}" for a, b in rename.items())]
+    if map is not None:
+        args += ["--map", os.fspath(map)]
+    if map_vars:
+        args += ["--map-var", ",".join(f"{k}={v}" for k, v in map_vars.items())]
+    if to == "orbax":
+        args += ["--compression", compression, "--storage", "ocdbt" if use_ocdbt else "files"] + (["--zarr3"] if use_zarr3 else [])
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        message = r.stderr.strip().removeprefix("tessel: error: ")
+        raise (IoError if "cannot" in message or "exists" in message else tessel_error)(message)
     return to
 
 

@@ -253,12 +253,16 @@ void export_command(const CkptArgs& a) {
                            v.dtype() == DType::kBF16 ? " (as float32: NumPy has no bfloat16)" : "");
 }
 
-void save_orbax(const CkptArgs& a, const State& state, const std::optional<LogicalRules>& rules) {
+SaveOptions orbax_options(const CkptArgs& a, const std::optional<LogicalRules>& rules) {
   SaveOptions options;
   options.compression = Compression::parse(a.compression);
   options.rules = rules;
   apply_storage(a.storage, options);
-  save(a.dst, state, options);
+  return options;
+}
+
+void save_orbax(const CkptArgs& a, const State& state, const std::optional<LogicalRules>& rules) {
+  save(a.dst, state, orbax_options(a, rules));
 }
 
 void reshard_command(const CkptArgs& a) {
@@ -297,8 +301,14 @@ void convert_mapped(const CkptArgs& a, const fs::path& item, const std::string& 
   Runtime rt = Runtime::host(1);
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<SafetensorsWriter> writer;
-  if (to == "safetensors") writer.emplace(a.dst, target, SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
-  State out;
+  std::optional<CheckpointWriter> orbax;
+  if (to == "safetensors") {
+    writer.emplace(a.dst, target, SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+  } else {
+    State placed;
+    for (const auto& [path, v] : target) placed.insert(path, Variable::abstract(kParam, v.shape(), v.dtype(), on_host));
+    orbax.emplace(a.dst, placed, orbax_options(a, std::nullopt));
+  }
   std::map<std::string, HostArray> cache;  // the sources of the last tensor (an unstacked source feeds several)
   RestoreOptions options;
   options.partial = true;
@@ -321,13 +331,13 @@ void convert_mapped(const CkptArgs& a, const fs::path& item, const std::string& 
     if (writer) {
       writer->write(path, made);
     } else {
-      out.insert(path, Variable(kParam, std::move(made)));
+      orbax->write(path, made);
     }
   }
   if (writer) {
     writer->commit();
   } else {
-    save_orbax(a, out, std::nullopt);
+    orbax->commit();
   }
   std::cout << fmt::format("{} source tensors mapped {} by {} to {} {} tensors in {} in {:.3f} s, peak RSS {}\n",
                            source.size(), plan.forward ? "forward" : "backward", a.map, target.size(), to, a.dst,
@@ -357,19 +367,17 @@ void convert_command(const CkptArgs& a) {
   Runtime rt = runtime_for(a, t.mesh);
   const auto renames = parse_renames(a.rename);
   const auto t0 = std::chrono::steady_clock::now();
-  if (to == "orbax") {  // an Orbax item is written whole: the state is restored first
-    RestoreStats stats;
-    State state = rename_prefixes(restore_onto(a, rt, item, t, stats), renames);
-    save_orbax(a, state, t.rules);
-    std::cout << fmt::format("{} tensors ({}) from {} written as an Orbax item to {} in {:.3f} s\n", state.size(),
-                             text_util::format_bytes(stats.target_bytes), item.string(), a.dst, seconds_since(t0));
-    return;
-  }
-  // safetensors streams: a batch of tensors (at most kBatchBytes, or one larger tensor) is restored,
-  // written in place and dropped before the next, so memory stays near the largest tensor.
+  // Both formats stream: a batch of tensors (at most kBatchBytes, or one larger tensor) is
+  // restored, written in place and dropped before the next, so memory stays near the largest tensor.
   constexpr int64_t kBatchBytes = int64_t{128} << 20;
   const State target = rename_prefixes(t.state, renames);  // checks the renames before anything is written
-  SafetensorsWriter writer(a.dst, target, {.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+  std::optional<SafetensorsWriter> st;
+  std::optional<CheckpointWriter> orbax;
+  if (to == "safetensors") {
+    st.emplace(a.dst, target, SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+  } else {
+    orbax.emplace(a.dst, target, orbax_options(a, t.rules));
+  }
   RestoreOptions options;
   options.partial = true;
   options.staging_bytes = std::min<int64_t>(a.staging_mb << 20, int64_t{64} << 20);
@@ -377,7 +385,13 @@ void convert_command(const CkptArgs& a) {
   State batch;
   auto flush = [&] {
     if (batch.empty()) return;
-    for (const auto& [path, v] : restore(rt, item, batch, options)) writer.write(rename_path(path, renames), v.array());
+    for (const auto& [path, v] : restore(rt, item, batch, options)) {
+      if (st) {
+        st->write(rename_path(path, renames), v.array());
+      } else {
+        orbax->write(rename_path(path, renames), v.array());
+      }
+    }
     batch = State();
     batch_bytes = 0;
   };
@@ -388,10 +402,14 @@ void convert_command(const CkptArgs& a) {
     bytes += v.nbytes();
   }
   flush();
-  writer.commit();
-  std::cout << fmt::format("{} tensors ({}) from {} written as safetensors to {} in {:.3f} s, peak RSS {}\n",
-                           t.state.size(), text_util::format_bytes(bytes), item.string(), a.dst, seconds_since(t0),
-                           text_util::format_bytes(peak_rss()));
+  if (st) {
+    st->commit();
+  } else {
+    orbax->commit();
+  }
+  std::cout << fmt::format("{} tensors ({}) from {} written as {} to {} in {:.3f} s, peak RSS {}\n", t.state.size(),
+                           text_util::format_bytes(bytes), item.string(), to == "orbax" ? "an Orbax item" : to, a.dst,
+                           seconds_since(t0), text_util::format_bytes(peak_rss()));
 }
 
 }  // namespace

@@ -230,5 +230,36 @@ TEST(Safetensors, AWriterTakesOneTensorAtATime) {
   for (const auto& [path, h] : values) EXPECT_EQ(to_host(got.at(path).array()), h) << path;
 }
 
+TEST(CheckpointWriterTest, AnOrbaxItemOneArrayAtATime) {
+  Runtime rt = Runtime::host(4);
+  std::mt19937 rng(8);
+  for (bool ocdbt : {true, false}) {
+    TempDir tmp;
+    std::map<std::string, HostArray> values;
+    const Mesh mesh = Mesh::parse("x=2,y=2");
+    const State state = random_state(rng, rt, mesh, 5, values);
+    {
+      CheckpointWriter w(tmp.path() / "item", state.to_abstract(), {.use_ocdbt = ocdbt});
+      const std::string first = state.paths().front();
+      w.write(first, state.at(first).array());
+      EXPECT_THAT([&] { w.write(first, state.at(first).array()); },
+                  ::testing::ThrowsMessage<ValueError>(HasSubstr("written twice")));
+      EXPECT_THAT([&] { w.commit(); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("never written")));
+    }
+    EXPECT_TRUE(fs::is_empty(tmp.path())) << "an abandoned writer leaves nothing";
+    CheckpointWriter w(tmp.path() / "item", state.to_abstract(), {.compression = Compression::zstd(), .use_ocdbt = ocdbt});
+    std::vector<std::string> paths = state.paths();
+    std::reverse(paths.begin(), paths.end());
+    for (const std::string& p : paths) w.write(p, state.at(p).array());
+    w.commit();
+    EXPECT_TRUE(verify(tmp.path() / "item").faults.empty());
+    const State got = restore(rt, tmp.path() / "item", random_target(rng, tmp.path() / "item", Mesh::parse("z=4")));
+    for (const auto& [path, h] : values) EXPECT_EQ(to_host(got.at(path).array()), h) << path;
+    // The same item as save() writes, file for file.
+    save(tmp.path() / "saved", state, {.compression = Compression::zstd(), .use_ocdbt = ocdbt});
+    EXPECT_EQ(read_item_metadata(tmp.path() / "item").params.size(), read_item_metadata(tmp.path() / "saved").params.size());
+  }
+}
+
 }  // namespace
 }  // namespace tessel

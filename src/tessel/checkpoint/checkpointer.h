@@ -90,6 +90,25 @@ StagedState stage_host(std::vector<HostLeaf> leaves);
 void save(const std::filesystem::path& dir, const State& state, const SaveOptions& options = {});
 void save(const std::filesystem::path& dir, const StagedState& staged, const SaveOptions& options = {});
 
+// The same one array at a time, in one process, so a conversion holds one array (or a few) at
+// once: the layout comes from `abstract` (every leaf placed: a sharding), the chunks are written
+// as each array arrives, in any order, and commit() checks that every leaf was written, writes
+// the metadata and renames, atomically as save(). A writer destroyed uncommitted leaves nothing.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::filesystem::path dir, const State& abstract, SaveOptions options = {});
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  // Throws ValueError for a path not laid out, another shape, dtype or sharding, or a second write.
+  void write(const std::string& path, const Array& array);
+  void commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Where a leaf goes when the target gives no sharding for it (or there is no target).
 enum class Placement {
   kTarget,      // the target must give one: a leaf without a sharding is an error

@@ -186,39 +186,27 @@ ItemLayout layout_of(const fs::path& item_dir, const StagedState& staged, const 
 
 }  // namespace
 
-std::string write_item_blocks(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options,
-                              int process) {
-  const auto& params = staged.impl().params;
-  ItemLayout layout = layout_of(item_dir, staged, options);
-  auto& records = layout.records;
-  const auto& zarrs = layout.zarrs;
-  // One task per chunk of every written block.
+namespace {
+
+// Writes every chunk of `p`'s blocks (this process's) through `out`, in parallel, recording each
+// chunk's CRC-32C in `record`.
+void write_chunks(ItemWriter& out, const StagedState::Impl::Param& p, const ZarrArray& z, ParamRecord& record,
+                  const SaveOptions& options) {
   struct Task {
-    size_t param;
     size_t block;
     std::vector<int64_t> index;
   };
   std::vector<Task> tasks;
-  ItemWriter out(item_dir, options, process);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string prefix = records[i].name + "/";
-    if (process == 0) {
-      const std::string meta_key = prefix + zarrs[i].metadata_key();
-      out.prepare(meta_key);
-      out.put(meta_key, as_bytes(zarrs[i].to_json()));
-    }
-    for (size_t b = 0; b < params[i].blocks.size(); ++b) {
-      for (auto& index : zarrs[i].chunks_in(params[i].blocks[b].box)) {
-        out.prepare(prefix + zarrs[i].chunk_key(index));
-        tasks.push_back({i, b, std::move(index)});
-      }
+  const std::string prefix = record.name + "/";
+  for (size_t b = 0; b < p.blocks.size(); ++b) {
+    for (auto& index : z.chunks_in(p.blocks[b].box)) {
+      out.prepare(prefix + z.chunk_key(index));
+      tasks.push_back({b, std::move(index)});
     }
   }
   std::mutex mu;
   run_parallel(static_cast<int64_t>(tasks.size()), default_threads(options.writers, 4), [&](int64_t t) {
     const Task& task = tasks[static_cast<size_t>(t)];
-    const auto& p = params[task.param];
-    const ZarrArray& z = zarrs[task.param];
     const auto& block = p.blocks[task.block];
     const Box chunk = z.chunk_box(task.index);
     const size_t item = item_size(p.dtype);
@@ -246,13 +234,44 @@ std::string write_item_blocks(const fs::path& item_dir, const StagedState& stage
       raw = shard;
     }
     const std::string key = z.chunk_key(task.index);
-    out.put(records[task.param].name + "/" + key, raw);
+    out.put(prefix + key, raw);
     std::lock_guard lock(mu);
-    records[task.param].crc32c[key] = crc;
+    record.crc32c[key] = crc;
   });
+}
+
+void put_zarr_metadata(ItemWriter& out, const ParamRecord& r, const ZarrArray& z) {
+  const std::string key = r.name + "/" + z.metadata_key();
+  out.prepare(key);
+  out.put(key, as_bytes(z.to_json()));
+}
+
+// The item's metadata files, once every process's chunks (and databases) are in place.
+void write_item_metadata(const fs::path& item_dir, const std::vector<ParamRecord>& records, const Mesh& mesh,
+                         const SaveOptions& options) {
+  write_file(item_dir / "_sharding", sharding_json(records), options.durable);
+  fs::create_directory(item_dir / "array_metadatas");
+  write_file(item_dir / "array_metadatas" / "process_0", array_metadatas_json(records), options.durable);
+  if (options.durable) sync_directory(item_dir / "array_metadatas");
+  write_file(item_dir / "_METADATA", tree_metadata_json(records, mesh, options.rules, options.use_ocdbt, options.use_zarr3),
+             options.durable);
+  if (options.durable) sync_directory(item_dir);
+}
+
+}  // namespace
+
+std::string write_item_blocks(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options,
+                              int process) {
+  const auto& params = staged.impl().params;
+  ItemLayout layout = layout_of(item_dir, staged, options);
+  ItemWriter out(item_dir, options, process);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (process == 0) put_zarr_metadata(out, layout.records[i], layout.zarrs[i]);
+    write_chunks(out, params[i], layout.zarrs[i], layout.records[i], options);
+  }
   out.finish();
   nlohmann::json crcs = nlohmann::json::object();
-  for (const ParamRecord& r : records) {
+  for (const ParamRecord& r : layout.records) {
     if (!r.crc32c.empty()) crcs[r.name] = r.crc32c;
   }
   return crcs.dump();
@@ -278,15 +297,7 @@ void finish_item(const fs::path& item_dir, const StagedState& staged, const Save
     for (size_t process = 0; process < crcs.size(); ++process) dbs.push_back(ItemWriter::process_db(static_cast<int>(process)));
     merge_ocdbt(item_dir, dbs, ItemWriter::ocdbt_options(options));
   }
-  const auto& records = layout.records;
-  const Mesh mesh = params.empty() ? Mesh({}) : params.front().sharding.mesh();
-  write_file(item_dir / "_sharding", sharding_json(records), options.durable);
-  fs::create_directory(item_dir / "array_metadatas");
-  write_file(item_dir / "array_metadatas" / "process_0", array_metadatas_json(records), options.durable);
-  if (options.durable) sync_directory(item_dir / "array_metadatas");
-  write_file(item_dir / "_METADATA", tree_metadata_json(records, mesh, options.rules, options.use_ocdbt, options.use_zarr3),
-             options.durable);
-  if (options.durable) sync_directory(item_dir);
+  write_item_metadata(item_dir, layout.records, params.empty() ? Mesh({}) : params.front().sharding.mesh(), options);
 }
 
 ProcessGroup& processes_of(const StagedState& staged) {
@@ -327,6 +338,87 @@ void save(const fs::path& dir, const StagedState& staged, const SaveOptions& opt
 
 void save(const fs::path& dir, const State& state, const SaveOptions& options) {
   save(dir, detail::stage_in_place(state), options);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming
+
+struct CheckpointWriter::Impl {
+  fs::path dir, tmp;
+  SaveOptions options;
+  StagedState::Impl laid_out;  // every leaf's path, shape, dtype and sharding; no blocks
+  detail::ItemLayout layout;
+  std::map<std::string, size_t> index;
+  std::vector<bool> written;
+  std::optional<detail::ItemWriter> out;
+  int64_t init_ns = 0;
+  bool committed = false;
+};
+
+CheckpointWriter::CheckpointWriter(fs::path dir, const State& abstract, SaveOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& w = *impl_;
+  w.dir = std::move(dir);
+  w.options = std::move(options);
+  w.init_ns = detail::now_ns();
+  for (const auto& [path, v] : abstract) {
+    if (!v.sharding()) throw ValueError("'" + path + "' has no sharding: a checkpoint records each leaf's sharding");
+    w.laid_out.params.push_back({path, v.kind(), v.partitioning(), v.shape(), v.dtype(), *v.sharding(), {}});
+  }
+  std::error_code ec;
+  if (fs::exists(w.dir, ec)) throw IoError("cannot save to '" + w.dir.string() + "': it already exists");
+  StagedState shapes;
+  const_cast<StagedState::Impl&>(shapes.impl()).params = w.laid_out.params;
+  w.tmp = detail::begin_tmp_dir(w.dir);
+  w.layout = detail::layout_of(w.tmp, shapes, w.options);
+  w.out.emplace(w.tmp, w.options, 0);
+  for (size_t i = 0; i < w.layout.records.size(); ++i) {
+    w.index[w.laid_out.params[i].path] = i;
+    detail::put_zarr_metadata(*w.out, w.layout.records[i], w.layout.zarrs[i]);
+  }
+  w.written.assign(w.layout.records.size(), false);
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (impl_ && !impl_->committed && !impl_->tmp.empty()) {
+    impl_->out.reset();
+    std::error_code ec;
+    fs::remove_all(impl_->tmp, ec);
+  }
+}
+
+void CheckpointWriter::write(const std::string& path, const Array& array) {
+  Impl& w = *impl_;
+  auto it = w.index.find(path);
+  if (it == w.index.end()) throw ValueError("'" + path + "' is not one of the leaves this writer laid out");
+  const auto& p = w.laid_out.params[it->second];
+  if (array.shape() != p.shape || array.dtype() != p.dtype || !(array.sharding() == p.sharding))
+    throw ValueError("'" + path + "' is " + type_string(array.dtype(), array.shape()) + " " + array.sharding().to_string() +
+                     ", laid out as " + type_string(p.dtype, p.shape) + " " + p.sharding.to_string());
+  if (w.written[it->second]) throw ValueError("'" + path + "' is written twice");
+  State one;
+  one.insert(path, Variable(p.kind, array, p.partitioning));
+  const StagedState staged = detail::stage_in_place(one);
+  detail::write_chunks(*w.out, staged.impl().params.front(), w.layout.zarrs[it->second], w.layout.records[it->second],
+                       w.options);
+  w.written[it->second] = true;
+}
+
+void CheckpointWriter::commit() {
+  Impl& w = *impl_;
+  for (size_t i = 0; i < w.written.size(); ++i)
+    if (!w.written[i]) throw ValueError("'" + w.laid_out.params[i].path + "' was never written");
+  w.out->finish();
+  w.out.reset();
+  if (w.options.use_ocdbt)
+    merge_ocdbt(w.tmp, {detail::ItemWriter::process_db(0)}, detail::ItemWriter::ocdbt_options(w.options));
+  const auto& params = w.laid_out.params;
+  detail::write_item_metadata(w.tmp, w.layout.records, params.empty() ? Mesh({}) : params.front().sharding.mesh(),
+                              w.options);
+  detail::write_file(w.tmp / detail::kCheckpointMetadata, detail::checkpoint_metadata_json({}, w.init_ns, detail::now_ns()),
+                     w.options.durable);
+  detail::commit_tmp_dir(w.tmp, w.dir, w.options.durable);
+  w.committed = true;
 }
 
 }  // namespace tessel
