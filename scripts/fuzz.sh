@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and fuzzes each for SECONDS (default 60):
 # the sharding parsers (rules, dumps, specs, meshes), the model config parser and the checkpoint
-# metadata parsers, chunk decoders, OCDBT manifests and nodes, zarr3 shard indexes, and safetensors
-# headers.
+# metadata parsers, chunk decoders, OCDBT manifests and nodes, zarr3 shard indexes, safetensors
+# headers and key maps.
 # Usage: scripts/fuzz.sh [SECONDS]. Findings land in build-fuzz/findings/; the script fails on one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,11 +13,11 @@ CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTES
   -DTESSEL_BUILD_TESTS=OFF -DTESSEL_BUILD_BENCH=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target fuzz_sharding_parsers fuzz_model_config fuzz_checkpoint fuzz_safetensors
+cmake --build "$build" -j"$(nproc)" --target fuzz_sharding_parsers fuzz_model_config fuzz_checkpoint fuzz_safetensors fuzz_key_map
 mkdir -p "$build/findings"
 # target:seed corpus. 4 KB inputs at most; 10 s per input at most (a hang is a finding); 2 GB RSS.
 for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model fuzz_checkpoint:corpus_checkpoint \
-    fuzz_safetensors:corpus_safetensors; do
+    fuzz_safetensors:corpus_safetensors fuzz_key_map:corpus_key_map; do
   target=${pair%%:*} corpus=${pair##*:}
   mkdir -p "$build/$corpus"
   cp -n "$root/fuzz/$corpus"/* "$build/$corpus/" 2>/dev/null || true

@@ -48,8 +48,10 @@ int64_t int_of(const std::string& source, const YAML::Node& n, const std::map<st
   return v;
 }
 
-std::string pattern_of(const std::string& source, const YAML::Node& n, std::string_view what) {
-  if (!n || !n.IsScalar() || n.Scalar().empty()) fail(source, n, fmt::format("{} must be a name pattern", what));
+std::string pattern_of(const std::string& source, const YAML::Node& rule, std::string_view what) {
+  const YAML::Node n = rule[std::string(what)];
+  if (!n) fail(source, rule, fmt::format("a rule needs {}", what));
+  if (!n.IsScalar() || n.Scalar().empty()) fail(source, n, fmt::format("{} must be a name pattern", what));
   const std::string p = levels(n.Scalar());
   const size_t first = p.find("{i}");
   if (first != std::string::npos && p.find("{i}", first + 1) != std::string::npos)
@@ -82,14 +84,22 @@ std::string with_index(std::string pattern, int64_t i) {
 }
 
 // Shapes through the steps, forward and back.
+void check_rank(const Shape& s, const std::vector<int64_t>& perm) {
+  if (perm.size() != s.rank())
+    throw ValueError(fmt::format("a transpose of {} axes does not fit a rank-{} tensor {}", perm.size(), s.rank(),
+                                 s.to_string()));
+}
+
 Shape transposed(const Shape& s, const std::vector<int64_t>& perm) {
   if (perm.empty()) return s;
+  check_rank(s, perm);
   std::vector<int64_t> out;
   for (int64_t p : perm) out.push_back(s[static_cast<size_t>(p)]);
   return Shape(std::move(out));
 }
 Shape untransposed(const Shape& s, const std::vector<int64_t>& perm) {
   if (perm.empty()) return s;
+  check_rank(s, perm);
   std::vector<int64_t> out(s.rank());
   for (size_t k = 0; k < perm.size(); ++k) out[static_cast<size_t>(perm[k])] = s[k];
   return Shape(std::move(out));
@@ -191,8 +201,27 @@ Box slice_box(const Shape& shape, size_t axis, int64_t index) {
 
 }  // namespace
 
+namespace {
+
+KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
+                          const std::map<std::string, std::string>& given);
+
+}  // namespace
+
 KeyMap parse_key_map(std::string_view yaml, std::string source, const std::map<std::string, std::string>& given) {
   const YAML::Node root = yaml_util::load(yaml, source);
+  try {
+    return parse_key_map_node(root, source, given);
+  } catch (const YAML::Exception& e) {  // a scalar where a map was wanted, a bad boolean, ...
+    if (e.mark.is_null()) throw ParseError(source, 0, 0, "bad key map: " + e.msg);
+    throw ParseError(source, e.mark.line + 1, e.mark.column + 1, "bad key map: " + e.msg);
+  }
+}
+
+namespace {
+
+KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
+                          const std::map<std::string, std::string>& given) {
   if (!root.IsMap()) fail(source, root, "a key map is a mapping with `rules` (and optionally `vars`)");
   std::map<std::string, std::string> vars;
   for (const auto& kv : root) {
@@ -216,8 +245,8 @@ KeyMap parse_key_map(std::string_view yaml, std::string source, const std::map<s
         fail(source, kv.first, fmt::format("unknown rule key '{}' (expected from, to, transpose, split, stack, optional)", key));
     }
     KeyMapRule r;
-    r.from = pattern_of(source, n["from"], "from");
-    r.to = pattern_of(source, n["to"], "to");
+    r.from = pattern_of(source, n, "from");
+    r.to = pattern_of(source, n, "to");
     if (has_index(r.to) && !has_index(r.from)) fail(source, n["to"], "to has {i} but from has not");
     if (const YAML::Node t = n["transpose"]) {
       if (!t.IsSequence()) fail(source, t, "transpose must be a list (a permutation)");
@@ -252,6 +281,8 @@ KeyMap parse_key_map(std::string_view yaml, std::string source, const std::map<s
   }
   return map;
 }
+
+}  // namespace
 
 KeyMap load_key_map(const fs::path& file, const std::map<std::string, std::string>& vars) {
   return parse_key_map(detail::read_file(file, int64_t{16} << 20), file.string(), vars);

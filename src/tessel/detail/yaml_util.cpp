@@ -14,7 +14,8 @@ YAML::Node load(std::string_view text, const std::string& source) {
 }
 
 void fail(const std::string& source, const YAML::Node& at, const std::string& message) {
-  YAML::Mark m = at.Mark();
+  // A missing node (a key that is not there) has no position, and asking for one throws.
+  const YAML::Mark m = at.IsDefined() ? at.Mark() : YAML::Mark::null_mark();
   if (m.is_null()) throw ParseError(source, 0, 0, message);
   throw ParseError(source, m.line + 1, m.column + 1, message);
 }
