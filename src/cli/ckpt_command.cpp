@@ -442,7 +442,7 @@ void add_ckpt_command(CLI::App& app) {
     c->add_option("--logical-axes", args->logical_axes,
                   "Target logical axes by path (MaxText's logical_shardings.json), resolved with --rules")
         ->check(CLI::ExistingFile);
-    c->add_option("--axis-map", args->axis_map, "Saved mesh axes onto target axes: old=new,... (old= drops one)");
+    c->add_option("--axis-map", args->axis_map, "Saved mesh axes onto target axes: old=new,... (old= drops one, *= every axis the mesh lacks)");
     c->add_option("--staging-mb", args->staging_mb, "Host staging budget for chunk decoding, MiB")->check(CLI::PositiveNumber);
     add_runtime_options(c, args->runtime);
   };

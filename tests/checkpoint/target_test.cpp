@@ -82,6 +82,10 @@ TEST(ForeignTarget, AxisMapRenamesAndDropsSavedAxes) {
   target = restore_target(s->item(), mesh, o);
   EXPECT_EQ(target.at("params/params/decoder/mlp/wi/kernel").sharding()->spec(), (PartitionSpec{{}, {"model"}}));
   expect_values(restore(rt, s->item(), target), *s, mesh);
+  o.axis_map = parse_axis_map("y=model,*=");  // every other axis the mesh lacks: dropped
+  target = restore_target(s->item(), mesh, o);
+  EXPECT_EQ(target.at("params/params/token_embedder/embedding").sharding()->spec(), (PartitionSpec{{"model"}}));
+  expect_values(restore(rt, s->item(), target), *s, mesh);
   EXPECT_THROW(parse_axis_map("x"), ValueError);
 }
 

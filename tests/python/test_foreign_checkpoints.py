@@ -120,6 +120,14 @@ def test_the_cli_restores_and_converts_a_foreign_train_state(maxtext_run, tmp):
     assert sorted(leaves(got)) == sorted(LOGICAL)
     for p in LOGICAL:
         assert_bit_identical(leaves(got)[p].to_numpy(), np.asarray(leaves(state)["params/params/" + p]), p)
+    # To one device, every saved axis dropped: the whole TrainState as safetensors.
+    flat = os.path.join(tmp, "flat")
+    r = subprocess.run([cli(), "ckpt", "convert", root, flat, "--to", "safetensors", "--axis-map", "*="],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    back = tessel.checkpoint.restore(flat)
+    for p, v in leaves(state).items():
+        assert_bit_identical(leaves(back)[p].to_numpy(), np.asarray(v), p)
     r = subprocess.run([cli(), "ckpt", "restore", root, "--mesh", "tensor=8", "--axis-map", "fsdp"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "not old=new" in r.stderr

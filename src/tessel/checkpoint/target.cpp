@@ -21,14 +21,17 @@ namespace {
 
 constexpr int64_t kMaxTargetFileBytes = int64_t{256} << 20;
 
-// The saved spec with its axes renamed (or dropped) by the map.
-PartitionSpec map_axes(const PartitionSpec& spec, const std::map<std::string, std::string>& axis_map) {
+// The saved spec with its axes renamed (or dropped) by the map; "*" stands for every axis the
+// mesh lacks that the map does not name.
+PartitionSpec map_axes(const PartitionSpec& spec, const std::map<std::string, std::string>& axis_map, const Mesh& mesh) {
   if (axis_map.empty()) return spec;
+  const auto any = axis_map.find("*");
   std::vector<DimSharding> dims;
   for (const DimSharding& d : spec.dims()) {
     DimSharding out;
     for (const std::string& a : d) {
       auto it = axis_map.find(a);
+      if (it == axis_map.end() && any != axis_map.end() && !mesh.has_axis(a)) it = any;
       if (it == axis_map.end()) {
         out.push_back(a);
       } else if (!it->second.empty()) {
@@ -86,7 +89,7 @@ State restore_target(const std::filesystem::path& item_dir, const Mesh& mesh, co
     } else if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes)) {
       s = resolve_sharding(v.partitioning(), v.shape(), mesh, rules ? *rules : LogicalRules{}, options.resolve, path);
     } else if (v.sharding()) {
-      const PartitionSpec spec = map_axes(v.sharding()->spec(), options.axis_map);
+      const PartitionSpec spec = map_axes(v.sharding()->spec(), options.axis_map, mesh);
       if (const auto missing = missing_axes(spec, mesh); !missing.empty()) {
         foreign.push_back(fmt::format("{} {} (saved {} on {}; {} lacks {})", path, type_string(v.dtype(), v.shape()),
                                       v.sharding()->spec().to_string(), v.sharding()->mesh().to_string(),

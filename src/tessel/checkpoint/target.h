@@ -28,7 +28,8 @@ struct TargetOptions {
   // Given per tessel path (entries for other paths are ignored, but not all of them):
   std::map<std::string, PartitionSpec> specs;       // on `mesh`, first in precedence
   std::map<std::string, LogicalAxes> logical_axes;  // resolved through `rules` (needed then)
-  std::map<std::string, std::string> axis_map;      // saved mesh axis -> axis of `mesh`; "" drops it
+  std::map<std::string, std::string> axis_map;      // saved mesh axis -> axis of `mesh`; "" drops it;
+                                                    // "*": every other axis `mesh` lacks
 };
 
 // One abstract variable per leaf with its sharding on `mesh`, the first that applies: its entry in
