@@ -56,6 +56,7 @@ measure() {  # name, then the command; prints seconds and peak RSS
   local rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$scratch/time.txt")
   local wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$scratch/time.txt")
   echo "$name: wall $wall, peak RSS $((rss / 1024)) MiB"
+  grep -E "Maximum resident set size|Elapsed \(wall clock\)" "$scratch/time.txt" | sed 's/^\t*/    \/usr\/bin\/time -v: /'
   cat "$scratch/out.txt"
 }
 measure "1. safetensors -> safetensors bf16 (streaming)" "$tessel" ckpt convert "$scratch/hf" "$scratch/bf16" --to safetensors --dtype bf16
