@@ -5,10 +5,10 @@
 # 512 MiB, the largest) written by the real `safetensors` package, and three `tessel ckpt convert`
 # runs, each under /usr/bin/time -v for its peak RSS:
 #   1. set -> safetensors with a cast to bf16 (streams: a batch of tensors at a time)
-#   2. set -> Orbax item (an Orbax item is written whole: the state is held at once)
+#   2. set -> Orbax item (streams, through CheckpointWriter)
 #   3. Orbax item -> safetensors (streams)
 # Usage: bench/convert_bench.sh [BUILD_DIR] [SCRATCH_DIR] [BYTES]   (BYTES default 4.5 GiB; needs
-# about 4x BYTES of disk and 1.2x BYTES of memory for run 2)
+# about 4x BYTES of disk)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -61,6 +61,6 @@ measure() {  # name, then the command; prints seconds and peak RSS
 }
 measure "1. safetensors -> safetensors bf16 (streaming)" "$tessel" ckpt convert "$scratch/hf" "$scratch/bf16" --to safetensors --dtype bf16
 rm -rf "$scratch/bf16"
-measure "2. safetensors -> Orbax item (whole state)" "$tessel" ckpt convert "$scratch/hf" "$scratch/orbax"
+measure "2. safetensors -> Orbax item (streaming)" "$tessel" ckpt convert "$scratch/hf" "$scratch/orbax"
 measure "3. Orbax item -> safetensors (streaming)" "$tessel" ckpt convert "$scratch/orbax" "$scratch/back" --max-file-mb 2048
 echo "largest tensor: 512 MiB; state: $((bytes >> 20)) MiB"
