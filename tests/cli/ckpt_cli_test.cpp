@@ -1,4 +1,5 @@
 // tessel ckpt: info, verify, restore, export, reshard, and their errors.
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_test_util.h"
@@ -135,9 +136,12 @@ TEST(CkptCli, ExportWritesNpyAndReshardWritesANewLayout) {
 
 TEST(CkptCli, BadDirectoriesAndStepsAreNamed) {
   testing::TempDir tmp;
-  expect_one_line_error(run("ckpt info " + (tmp.path() / "none").string()), 1, "is not a directory");
+  expect_one_line_error(run("ckpt info " + (tmp.path() / "none").string()), 1, "does not exist");
   expect_one_line_error(run("ckpt info " + tmp.path().string()), 1, "holds no checkpoint");
   expect_one_line_error(run("ckpt verify " + tmp.path().string() + " --step 3"), 1, "holds no checkpoint");
+  std::ofstream(tmp.path() / "notes.txt") << "not a checkpoint";
+  expect_one_line_error(run("ckpt info " + (tmp.path() / "notes.txt").string()), 1,
+                        "neither a checkpoint directory nor a .safetensors file");
 }
 
 // Orbax's own checkpoints: OCDBT with zarr v2 (a direct save) and zarr3 (a composite one, whose

@@ -64,7 +64,7 @@ def test_errors_are_python_exceptions_with_tessels_messages(tmp_path):
     with pytest.raises(tessel.IoError) as io:
         tessel.load_rules(str(tmp_path / "missing.yml"))
     assert isinstance(io.value, OSError)
-    with pytest.raises(tessel.IoError, match="not a directory"):
+    with pytest.raises(tessel.IoError, match="does not exist"):
         tessel.checkpoint.restore(str(tmp_path / "nothing"))
     with pytest.raises(tessel.ArgumentError, match="not None, a mesh axis name"):
         tessel.PartitionSpec(3)

@@ -140,7 +140,11 @@ fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step, const 
     if (step || item) throw ValueError("--step and --item are for Orbax checkpoints; '" + path.string() + "' is safetensors");
     return path;
   }
-  if (!fs::is_directory(path)) throw IoError("'" + path.string() + "' is not a directory");
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw IoError("'" + path.string() + "' does not exist");
+  if (!fs::is_directory(path)) {
+    throw IoError("'" + path.string() + "' is neither a checkpoint directory nor a .safetensors file or index");
+  }
   if (is_item_dir(path)) {
     if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint item");
     if (item) throw ValueError("--item is for a step directory; '" + path.string() + "' is a single checkpoint item");
