@@ -127,6 +127,12 @@ void verify_command(const CkptArgs& a) {
   if (!r.faults.empty()) throw Error(fmt::format("{} faults in '{}'", r.faults.size(), item.string()));
 }
 
+std::vector<std::string> select_patterns(const CkptArgs& a) {
+  std::vector<std::string> out;
+  for (auto p : text_util::split_commas(a.select)) out.emplace_back(p);
+  return out;
+}
+
 struct Target {
   Mesh mesh;
   State state;
@@ -148,9 +154,7 @@ Target make_target(const CkptArgs& a, const fs::path& item) {
     for (auto w : text_util::split_commas(a.paths)) options.paths.emplace_back(w);
   }
   if (!a.select.empty()) {
-    std::vector<std::string> patterns;
-    for (auto p : text_util::split_commas(a.select)) patterns.emplace_back(p);
-    for (std::string& p : select_paths(saved_abstract_state(item), patterns)) options.paths.push_back(std::move(p));
+    for (std::string& p : select_paths(saved_abstract_state(item), select_patterns(a))) options.paths.push_back(std::move(p));
   }
   State target = restore_target(item, mesh, options);
   return {mesh, std::move(target), rules};
@@ -284,10 +288,8 @@ void convert_mapped(const CkptArgs& a, const fs::path& item, const std::string& 
   const KeyMap map = load_key_map(a.map, parse_map_vars(a.map_vars));
   State source = saved_abstract_state(item);
   if (!a.select.empty()) {
-    std::vector<std::string> patterns;
-    for (auto p : text_util::split_commas(a.select)) patterns.emplace_back(p);
     State picked;
-    for (const std::string& p : select_paths(source, patterns)) picked.insert(p, source.at(p));
+    for (const std::string& p : select_paths(source, select_patterns(a))) picked.insert(p, source.at(p));
     source = std::move(picked);
   }
   const MapPlan plan = plan_key_map(map, source);

@@ -13,7 +13,7 @@ import safetensors.numpy as stnp
 
 import tessel
 from conftest import cli
-from trees import random_array
+from trees import leaves, random_array
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -99,15 +99,7 @@ def test_shipped_maps_build_tessels_tree_and_back(rng, tmp, family):
             out = run("ckpt", "convert", src, item, "--map", mapfile, "--map-var", f"head_dim={c['head_dim']}")
             assert "forward" in out
         got = tessel.checkpoint.restore(item)
-        flat = {}
-
-        def walk(node, prefix=""):
-            for k, v in node.items():
-                if isinstance(v, dict):
-                    walk(v, f"{prefix}{k}/")
-                else:
-                    flat[prefix + k] = v.to_numpy()
-        walk(got)
+        flat = {p: a.to_numpy() for p, a in leaves(got).items()}
         # Exactly tessel's model tree for the same config.
         model = {"model": "transformer", "vocab": c["vocab"], "embed": c["embed"], "layers": c["layers"],
                  "heads": c["heads"], "kv_heads": c["kv_heads"], "head_dim": c["head_dim"], "mlp": c["mlp"],

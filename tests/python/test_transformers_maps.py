@@ -13,6 +13,7 @@ import transformers
 
 import tessel
 from conftest import cli
+from trees import leaves
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -61,15 +62,7 @@ def test_transformers_models_convert_to_tessels_tree_and_back(rng, tmp):
             var = f"head_dim={config.head_dim}"
             item = os.path.join(tmp, f"{family}{trial}_item")
             run("ckpt", "convert", hf, item, "--map", mapfile, "--map-var", var)
-            got = {}
-
-            def walk(node, prefix=""):
-                for k, v in node.items():
-                    if isinstance(v, dict):
-                        walk(v, f"{prefix}{k}/")
-                    else:
-                        got[prefix + k] = v.to_numpy()
-            walk(tessel.checkpoint.restore(item))
+            got = {p: a.to_numpy() for p, a in leaves(tessel.checkpoint.restore(item)).items()}
             model_yaml = {"model": "transformer", "vocab": config.vocab_size, "embed": config.hidden_size,
                           "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
                           "kv_heads": config.num_key_value_heads, "head_dim": config.head_dim,

@@ -8,6 +8,7 @@
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
+#include "tessel/detail/text_util.h"
 #include "tessel/sharding/detail/spec_json.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/state.h"
@@ -371,13 +372,9 @@ ItemMetadata safetensors_metadata(const fs::path& path) {
   for (const SafetensorsTensor& t : set.tensors) {
     ParamMetadata p;
     p.name = t.name;
-    size_t start = 0;
-    while (true) {
-      const size_t dot = t.name.find('.', start);
-      p.keys.push_back(t.name.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    for (std::string_view level : text_util::split(t.name, '.')) {
+      p.keys.emplace_back(level);
       p.key_types.push_back(kDictKey);
-      if (dot == std::string::npos) break;
-      start = dot + 1;
     }
     for (const std::string& k : p.keys) p.path += (p.path.empty() ? "" : "/") + k;
     p.value_type = "jax.Array";
