@@ -12,7 +12,7 @@
 #include "tessel/runtime/device.h"
 #include "tessel/sharding/logical_rules.h"
 #include "tessel/state/init.h"
-#include "tessel/state/models.h"
+#include "tessel/models/transformer.h"
 #include "tessel/state/plan.h"
 
 namespace {

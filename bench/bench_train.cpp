@@ -9,7 +9,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include "tessel/nn/train.h"
+#include "tessel/models/train.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/runtime/runtime.h"
 
@@ -49,7 +49,7 @@ ModelConfig model(int64_t which) {
 void BM_TrainStep(benchmark::State& state) {
   const int64_t which = state.range(0);
   const std::string& mesh_text = kMeshes[static_cast<size_t>(state.range(1))];
-  const LogicalRules rules = nn::default_rules();
+  const LogicalRules rules = models::default_rules();
   const Mesh mesh = Mesh::parse(mesh_text, rules.mesh_axes());
   Runtime rt = Runtime::host(mesh.device_count());
   nn::OptimizerConfig opt;
@@ -58,7 +58,7 @@ void BM_TrainStep(benchmark::State& state) {
   } else {
     opt = {.kind = nn::OptimizerKind::kAdamW, .schedule = {.peak = 1e-3}};
   }
-  nn::Trainer t(rt, model(which), mesh, rules, opt);
+  models::Trainer t(rt, model(which), mesh, rules, opt);
   State s = t.init(0);
   const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
   const int64_t batch = which == 0 ? 512 : 16, seq = 128;

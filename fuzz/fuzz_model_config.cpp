@@ -7,7 +7,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/state/init.h"
-#include "tessel/state/model_config.h"
+#include "tessel/models/model_config.h"
 #include "tessel/state/plan.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

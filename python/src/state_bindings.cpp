@@ -10,7 +10,7 @@
 #include "convert.h"
 #include "tessel/core/error.h"
 #include "tessel/state/init.h"
-#include "tessel/state/model_config.h"
+#include "tessel/models/model_config.h"
 #include "tessel/state/plan.h"
 
 namespace nb = nanobind;

@@ -4,11 +4,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/models/model_config.h"
 #include "tessel/runtime/runtime.h"
 
 namespace tessel::cli {
@@ -45,5 +48,22 @@ struct StorageArgs {
 };
 void add_storage_options(CLI::App* cmd, StorageArgs& args);
 void apply_storage(const StorageArgs& args, SaveOptions& options);
+
+// --model, --base, --set and --rules: tessel's model YAML, or MaxText's (a model file over
+// base.yml with key=value overrides) when --base is given.
+struct ModelArgs {
+  std::string model, base, rules;
+  std::vector<std::string> sets;
+};
+// `model_help` describes --model; `rules_help` --rules.
+void add_model_options(CLI::App* cmd, ModelArgs& args, const std::string& model_help, const std::string& rules_help);
+ModelConfig load_model(const ModelArgs& args);
+// --rules when given (for a MaxText model its mesh_axes and logical_axis_rules replace base.yml's,
+// already applied by load_model), else the MaxText config's, else `fallback`'s.
+LogicalRules model_rules(const ModelConfig& model, const ModelArgs& args, const std::function<LogicalRules()>& fallback);
+// --mesh when given (axes completed from the rules' mesh_axes); else, for a MaxText model, the mesh
+// its ici_*/dcn_* parallelism gives `devices` devices. Throws ValueError when neither applies.
+Mesh model_mesh(const ModelConfig& model, const std::string& mesh, const LogicalRules& rules,
+                std::optional<int64_t> devices);
 
 }  // namespace tessel::cli

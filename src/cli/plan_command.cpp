@@ -15,14 +15,15 @@
 #include "tessel/runtime/device.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/init.h"
-#include "tessel/state/model_config.h"
+#include "tessel/models/maxtext.h"
 #include "tessel/state/plan.h"
 
 namespace tessel::cli {
 namespace {
 
 struct PlanArgs {
-  std::string model, mesh, rules, optimizer = "none", replica_axes = "data,diloco";
+  ModelArgs model;
+  std::string mesh, optimizer = "none", replica_axes = "data,diloco", dump_shardings;
   bool gradients = false, json = false, list_params = false, check = false;
   bool remove_size_one = false, drop_indivisible = false, strict = false;
   double tolerance = 0.02;
@@ -65,9 +66,13 @@ std::string params_table(const MemoryPlan& p) {
 }
 
 void run(const PlanArgs& a) {
-  LogicalRules rules = load_rules(a.rules);
-  Mesh mesh = Mesh::parse(a.mesh, rules.mesh_axes());
-  Module model = load_model_config(a.model).build();
+  if (a.model.model.empty()) throw ValueError("give --model");
+  const ModelConfig config = load_model(a.model);
+  LogicalRules rules = model_rules(config, a.model, [] () -> LogicalRules {
+    throw ValueError("give --rules (logical axis rules, e.g. MaxText's base.yml)");
+  });
+  Mesh mesh = model_mesh(config, a.mesh, rules, a.runtime.devices);
+  Module model = config.build();
   PlanOptions options;
   options.optimizer = parse_optimizer(a.optimizer);
   options.gradients = a.gradients;
@@ -80,6 +85,11 @@ void run(const PlanArgs& a) {
   const ResolveOptions resolve{a.remove_size_one, a.drop_indivisible, a.strict};
   State abstract = eval_shape(model, mesh, rules, resolve);
   MemoryPlan p = plan(abstract, options);
+  if (!a.dump_shardings.empty()) {
+    const auto* m = std::get_if<MaxTextConfig>(&config.config);
+    if (!m) throw ValueError("--dump-shardings writes MaxText's TrainState: give a MaxText model (--model with --base)");
+    write_maxtext_shardings(maxtext_train_state(*m, abstract), a.dump_shardings);
+  }
   std::string text = a.json ? p.to_json() : p.to_string() + (a.list_params ? params_table(p) : "");
   if (a.init_seed) {
     if (a.json) throw ValueError("--init prints a table; leave out --json");
@@ -103,15 +113,21 @@ void add_plan_command(CLI::App& app) {
       "Memory plan of a model on a mesh, from eval_shape (no allocation; any mesh size).\n"
       "  tessel plan --model examples/models/transformer.yml --mesh data=2,fsdp=2,tensor=2 \\\n"
       "      --rules rules.yml --optimizer adamw\n"
+      "  tessel plan --model maxtext/models/llama3.1-70b.yml --base maxtext/base.yml --devices 256 \\\n"
+      "      --optimizer adamw --dump-shardings dump/\n"
       "  prints bytes per device (max/min/mean), the largest replicated parameters and MaxText's\n"
       "  sufficiently-sharded check; --json for machines, --params for every parameter.");
-  cmd->add_option("--model", args->model, "Model config (YAML: model: transformer | dot_relu_dot, sizes)")
-      ->required()
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--mesh", args->mesh, "Mesh axes and sizes, e.g. data=16,fsdp=64,tensor=8")->required();
-  cmd->add_option("--rules", args->rules, "Logical axis rules: MaxText YAML (logical_axis_rules, mesh_axes) or JSON")
-      ->required()
-      ->check(CLI::ExistingFile);
+  add_model_options(cmd, args->model,
+                    "Model config: tessel's YAML (model: transformer | dot_relu_dot), or MaxText's model file "
+                    "with --base",
+                    "Logical axis rules: MaxText YAML (logical_axis_rules, mesh_axes) or JSON; with --base, a "
+                    "custom mesh-and-rule file replacing base.yml's");
+  cmd->add_option("--mesh", args->mesh,
+                  "Mesh axes and sizes, e.g. data=16,fsdp=64,tensor=8 (MaxText models: or --devices N and the "
+                  "config's ici_* parallelism)");
+  cmd->add_option("--dump-shardings", args->dump_shardings,
+                  "Write logical_shardings.json and named_shardings.json of the TrainState here, in MaxText's "
+                  "sharding_dump.py format (MaxText models)");
   cmd->add_option("--optimizer", args->optimizer, "none, sgd (momentum) or adamw; implies gradients")
       ->check(CLI::IsMember({"none", "sgd", "sgd_momentum", "adamw"}));
   cmd->add_flag("--gradients", args->gradients, "Count one gradient per parameter");

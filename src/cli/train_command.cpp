@@ -18,10 +18,10 @@
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
-#include "tessel/nn/train.h"
+#include "tessel/models/train.h"
 #include "tessel/runtime/process_group.h"
 #include "tessel/sharding/rules_io.h"
-#include "tessel/state/model_config.h"
+#include "tessel/models/model_config.h"
 #include "tessel/state/plan.h"
 
 namespace tessel::cli {
@@ -37,7 +37,8 @@ mlp: 512
 )";
 
 struct TrainArgs {
-  std::string model, mesh = "data=2,fsdp=2,tensor=2", rules, data, checkpoint_dir, metrics, optimizer = "adamw";
+  ModelArgs model;
+  std::string mesh = "data=2,fsdp=2,tensor=2", data, checkpoint_dir, metrics, optimizer = "adamw";
   int64_t steps = 300, batch = 16, seq = 128, warmup = 20, checkpoint_every = 0, log_every = 10, keep = 3;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
   uint64_t seed = 0;
@@ -52,7 +53,7 @@ std::string duration(double seconds) {
   return fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-std::string plan_summary(const nn::Trainer& t, const State& abstract, const TrainArgs& a) {
+std::string plan_summary(const models::Trainer& t, const State& abstract, const TrainArgs& a) {
   auto [params, opt] = abstract.split(Filter::kind(kParam), Filter::all());
   PlanOptions po;
   po.optimizer = a.optimizer == "sgd" ? Optimizer::kSgdMomentum : Optimizer::kAdamW;
@@ -86,8 +87,9 @@ std::string file_digest(const std::string& path) {
 // What every process must agree on before training together: the arguments and the files they name.
 nlohmann::json configuration(const TrainArgs& a) {
   const std::string data = a.data.empty() ? nn::ByteDataset::default_path().string() : a.data;
-  return nlohmann::json{{"model", a.model},   {"model_file", file_digest(a.model)},
-                   {"rules", a.rules},   {"rules_file", file_digest(a.rules)},
+  return nlohmann::json{{"model", a.model.model},   {"model_file", file_digest(a.model.model)},
+                   {"base", a.model.base},   {"base_file", file_digest(a.model.base)}, {"set", a.model.sets},
+                   {"rules", a.model.rules},   {"rules_file", file_digest(a.model.rules)},
                    {"mesh", a.mesh},     {"data", a.data}, {"data_file", file_digest(data)},
                    {"checkpoint_dir", a.checkpoint_dir}, {"optimizer", a.optimizer},
                    {"steps", a.steps},   {"batch", a.batch}, {"seq", a.seq}, {"warmup", a.warmup},
@@ -146,9 +148,10 @@ void train(const TrainArgs& a) {
                               : (a.steps == 0 ? "--steps 0 saves the initial state: give --checkpoint-dir"
                                               : "--checkpoint-every needs --checkpoint-dir"));
   }
-  const ModelConfig model = a.model.empty() ? parse_model_config(kDefaultModel, "<built-in model>")
-                                            : load_model_config(a.model);
-  const LogicalRules rules = a.rules.empty() ? nn::default_rules() : load_rules(a.rules);
+  if (a.model.model.empty() && !a.model.base.empty()) throw ValueError("--base needs --model (a MaxText model file)");
+  const ModelConfig model = a.model.model.empty() ? parse_model_config(kDefaultModel, "<built-in model>")
+                                                  : load_model(a.model);
+  const LogicalRules rules = model_rules(model, a.model, [] { return models::default_rules(); });
   const Mesh mesh = Mesh::parse(a.mesh, rules.mesh_axes());
   Runtime rt = make_runtime(a.runtime);
   check_same_configuration(rt.processes(), a);
@@ -159,8 +162,8 @@ void train(const TrainArgs& a) {
   opt.schedule = {.peak = a.lr, .warmup = a.warmup, .decay_steps = std::max<int64_t>(a.steps - a.warmup, 0)};
   opt.clip_norm = a.clip;
   opt.weight_decay = a.weight_decay;
-  nn::Trainer trainer(rt, model, mesh, rules, opt);
-  const bool lm = std::holds_alternative<TransformerConfig>(model.config);
+  models::Trainer trainer(rt, model, mesh, rules, opt);
+  const bool lm = model.is_lm();
   std::optional<nn::ByteDataset> data;
   if (lm) data = nn::ByteDataset::open(a.data.empty() ? nn::ByteDataset::default_path() : std::filesystem::path(a.data));
 
@@ -234,7 +237,7 @@ void train(const TrainArgs& a) {
     const auto t0 = std::chrono::steady_clock::now();
     position.step = step;
     const nn::Batch batch = trainer.batch(data ? &*data : nullptr, position, a.batch, a.seq);
-    const nn::StepMetrics m = trainer.step(state, batch, step);
+    const models::StepMetrics m = trainer.step(state, batch, step);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!std::isfinite(m.loss)) throw Error(fmt::format("step {}: the loss is {} (lower --lr?)", step + 1, m.loss));
     if (std::isnan(first_loss)) first_loss = m.loss;
@@ -276,10 +279,12 @@ void train(const TrainArgs& a) {
 void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* c = app.add_subcommand("train", "Train a model on virtual devices (data, FSDP and tensor parallelism)");
-  c->add_option("--model", args->model, "Model YAML (default: a small byte-level transformer LM)");
+  add_model_options(c, args->model,
+                    "Model YAML (default: a small byte-level transformer LM), or MaxText's model file with --base",
+                    "Logical axis rules, YAML or JSON (default: built-in MaxText-style rules; with --base, "
+                    "base.yml's); with --base, a custom mesh-and-rule file");
   c->add_option("--mesh", args->mesh, "Mesh, e.g. data=2,fsdp=2,tensor=2 (axes the rules declare default to 1)")
       ->capture_default_str();
-  c->add_option("--rules", args->rules, "Logical axis rules, YAML or JSON (default: built-in MaxText-style rules)");
   c->add_option("--steps", args->steps, "Train until this step (0: initialize and save)")->capture_default_str();
   c->add_option("--stop-at", args->stop_at, "Stop (and save) after this step; the schedule still spans --steps");
   c->add_option("--batch", args->batch, "Global batch size")->capture_default_str();

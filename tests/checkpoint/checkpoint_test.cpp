@@ -15,7 +15,7 @@
 #include "tessel/runtime/cast.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/init.h"
-#include "tessel/state/model_config.h"
+#include "tessel/models/model_config.h"
 
 namespace tessel {
 namespace {

@@ -11,7 +11,7 @@
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
 #include "tessel/state/init.h"
-#include "tessel/state/models.h"
+#include "tessel/models/transformer.h"
 
 namespace {
 

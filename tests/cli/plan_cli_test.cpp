@@ -17,7 +17,7 @@ TEST(PlanCli, PrintsBytesPerDeviceReplicatedParametersAndTheShardingCheck) {
   Result r = run("plan --model " + kModels + "transformer.yml --mesh data=2,fsdp=2,tensor=2 --rules " + kModels +
                  "rules.yml --optimizer adamw --params");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("memory plan on Mesh(data=2, fsdp=2, tensor=2) (8 devices): 11 parameters"));
+  EXPECT_THAT(r.out, HasSubstr("memory plan on Mesh(data=2, fsdp=2, tensor=2) (8 devices): 3,016,960 parameters in 11 arrays"));
   EXPECT_THAT(r.out, HasSubstr("opt (adamw)"));
   EXPECT_THAT(r.out, HasSubstr("decoder/decoder_norm/scale"));
   EXPECT_THAT(r.out, HasSubstr("sufficiently sharded: yes"));

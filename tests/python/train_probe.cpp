@@ -14,8 +14,8 @@
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
-#include "tessel/nn/train.h"
-#include "tessel/state/model_config.h"
+#include "tessel/models/train.h"
+#include "tessel/models/model_config.h"
 
 namespace {
 using namespace tessel;
@@ -41,15 +41,15 @@ void batches(const std::string& data_path, uint64_t seed, int64_t steps, int64_t
 
 void grads(const std::string& model_path, const std::string& mesh_text, const std::string& ckpt,
            const std::string& data_path, uint64_t seed, int64_t step, int64_t batch, int64_t seq, const std::string& out) {
-  const LogicalRules rules = nn::default_rules();
+  const LogicalRules rules = models::default_rules();
   const Mesh mesh = Mesh::parse(mesh_text, rules.mesh_axes());
   Runtime rt = Runtime::host(mesh.device_count());
-  nn::Trainer trainer(rt, load_model_config(model_path), mesh, rules, {});
+  models::Trainer trainer(rt, load_model_config(model_path), mesh, rules, {});
   CheckpointManager manager(ckpt, {.read_only = true});
   const State state = manager.restore(rt, *manager.latest_step(), trainer.eval_shape());
   const nn::ByteDataset data = nn::ByteDataset::open(data_path);
   const nn::Batch b = trainer.batch(&data, {.seed = seed, .step = step}, batch, seq);
-  const nn::StepOutputs result = trainer.run(state, Tensor(b.inputs), Tensor(b.targets), 0);
+  const models::StepOutputs result = trainer.run(state, Tensor(b.inputs), Tensor(b.targets), 0);
   save(out, result.grads);
   std::ofstream json(out + ".json");
   json << std::setprecision(17) << "{\"loss\": " << result.metrics.loss << ", \"grad_norm\": " << result.metrics.grad_norm

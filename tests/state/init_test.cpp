@@ -10,7 +10,7 @@
 #include "tessel/runtime/array.h"
 #include "tessel/runtime/device.h"
 #include "tessel/sharding/rules_io.h"
-#include "tessel/state/models.h"
+#include "tessel/models/transformer.h"
 #include "tessel/state/plan.h"
 
 namespace tessel {

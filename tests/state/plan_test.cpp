@@ -6,7 +6,8 @@
 
 #include "tessel/core/error.h"
 #include "tessel/state/init.h"
-#include "tessel/state/models.h"
+#include "tessel/models/dot_relu_dot.h"
+#include "tessel/models/transformer.h"
 
 namespace tessel {
 namespace {

@@ -23,4 +23,12 @@ std::string read_text(const std::filesystem::path& path) {
   return buffer.str();
 }
 
+void write_text(const std::filesystem::path& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw IoError(fmt::format("cannot write '{}': {}", path.string(), std::strerror(errno)));
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.close();
+  if (!out) throw IoError(fmt::format("error writing '{}': {}", path.string(), std::strerror(errno)));
+}
+
 }  // namespace tessel::file_util

@@ -31,4 +31,14 @@ std::vector<std::pair<std::string, std::string>> parse_assignments(std::string_v
   return out;
 }
 
+std::string group_digits(int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -static_cast<uint64_t>(n) : static_cast<uint64_t>(n));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
 }  // namespace tessel::text_util

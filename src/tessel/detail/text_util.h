@@ -42,6 +42,8 @@ inline std::string what_prefix(std::string_view what) {
 
 // "512 B", "4.00 KiB", "1.50 GiB".
 std::string format_bytes(int64_t bytes);
+// 70553706496 -> "70,553,706,496".
+std::string group_digits(int64_t n);
 
 // "a=b, c=" as (name, value) pairs in order; values may be empty. Throws ValueError naming `flag`
 // and the entry for one without '=' or with an empty name.

@@ -107,8 +107,8 @@ Tensor take(const Tensor& table, const Tensor& ids);
 Tensor one_hot(const Tensor& labels, const Tensor& like);
 // Scores [..., query, key]: entries with key > query become a large negative value.
 Tensor causal_mask(const Tensor& x);
-// Rotary position embedding (MaxText's: halves of head_dim paired, timescale 10000) on
-// [..., seq, heads..., head_dim] with the sequence at `seq_dim`.
-Tensor rope(const Tensor& x, size_t seq_dim);
+// Rotary position embedding (MaxText's default: halves of head_dim paired, timescales
+// max_timescale^(2k/head_dim)) on [..., seq, heads..., head_dim] with the sequence at `seq_dim`.
+Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale = 10000.0);
 
 }  // namespace tessel::ops

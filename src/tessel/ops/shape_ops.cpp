@@ -79,7 +79,7 @@ std::vector<DimGroup> reshape_groups(const Shape& from, const Shape& to) {
 // second halves of head_dim are the pair), positions = global sequence index. sign = -1 rotates
 // back (the gradient).
 template <class T>
-void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign) {
+void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign, double max_timescale) {
   const size_t r = box.rank();
   const int64_t d = box.extent(r - 1), half = d / 2;
   int64_t outer = 1, inner = 1;
@@ -90,7 +90,7 @@ void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign
   for (int64_t s = 0; s < seq; ++s) {
     const double pos = static_cast<double>(box.start(seq_dim) + s);
     for (int64_t k = 0; k < half; ++k) {
-      const double timescale = std::pow(10000.0, 2.0 * static_cast<double>(k) / static_cast<double>(d));
+      const double timescale = std::pow(max_timescale, 2.0 * static_cast<double>(k) / static_cast<double>(d));
       cos_t[k] = static_cast<T>(std::cos(pos / timescale));
       sin_t[k] = static_cast<T>(sign * std::sin(pos / timescale));
     }
@@ -108,7 +108,7 @@ void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign
   }
 }
 
-Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign) {
+Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, double max_timescale) {
   Dims d = dims_of(x.sharding(), x.rank());
   Tensor placed = x;
   if (!d.back().empty()) {  // a rotation pairs elements half a head apart: head_dim stays whole
@@ -120,7 +120,7 @@ Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign) {
                   dispatch_float(placed.dtype(), [&](auto zero) {
                     using T = decltype(zero);
                     rope_block<T>(box, seq_dim, reinterpret_cast<const T*>(block(placed, device)),
-                                  reinterpret_cast<T*>(o), sign);
+                                  reinterpret_cast<T*>(o), sign, max_timescale);
                   });
                 });
 }
@@ -437,14 +437,15 @@ Tensor causal_mask(const Tensor& x) {
   return record(mask_raw(x, fill), {x}, [](const Tensor& g) { return std::vector<Tensor>{mask_raw(g, 0.0)}; });
 }
 
-Tensor rope(const Tensor& x, size_t seq_dim) {
+Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale) {
   check_float(x, "rope");
+  if (!(max_timescale > 0)) throw ValueError("rope: max_timescale must be positive, got " + std::to_string(max_timescale));
   if (x.rank() < 3 || seq_dim + 2 >= x.rank() || x.shape()[x.rank() - 1] % 2 != 0) {
     throw ValueError("rope needs [..., seq, heads, head_dim] with seq before heads and an even head_dim, got " +
                      x.to_string());
   }
-  return record(rope_raw(x, seq_dim, 1.0), {x}, [seq_dim](const Tensor& g) {
-    return std::vector<Tensor>{rope_raw(g, seq_dim, -1.0)};
+  return record(rope_raw(x, seq_dim, 1.0, max_timescale), {x}, [seq_dim, max_timescale](const Tensor& g) {
+    return std::vector<Tensor>{rope_raw(g, seq_dim, -1.0, max_timescale)};
   });
 }
 

@@ -161,8 +161,9 @@ MemoryPlan plan(const State& state, const PlanOptions& options) {
 }
 
 std::string MemoryPlan::to_string() const {
-  std::string out = fmt::format("memory plan on {} ({} devices): {} parameters, {} elements, {}\n", mesh,
-                                device_count, params.size(), param_count, format_bytes(param_bytes));
+  std::string out = fmt::format("memory plan on {} ({} devices): {} parameters in {} arrays, {}\n", mesh,
+                                device_count, text_util::group_digits(param_count), params.size(),
+                                format_bytes(param_bytes));
   const bool gradients = counts_gradients(options);
   out += fmt::format("\n{:<12} {:>14} {:>14} {:>14}\n", "per device", "max", "min", "mean");
   auto row = [&](std::string_view label, const BytesSummary& s) {

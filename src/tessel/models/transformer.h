@@ -1,29 +1,23 @@
-// The parameter declarations of the built-in model families, with MaxText's logical axis names so
-// MaxText's rules (base.yml) apply unchanged. The forward passes live in the nn layer; these
-// functions only declare what exists, its shape and how it is sharded and initialized.
+// tessel's own decoder-only transformer LM: its parameters, with MaxText-style logical axis names
+// so MaxText's rules (base.yml) apply unchanged, and its forward pass, in one place. (MaxText's
+// own families, built from MaxText's YAML, are in maxtext.h.)
 //
 //   tessel::TransformerConfig c{.vocab = 256, .embed = 256, .layers = 4, .heads = 4, .mlp = 1024};
 //   tessel::Module m = tessel::transformer_lm(c);
 //   // token_embedder/embedding (vocab, embed), decoder/layers/self_attention/query/kernel
 //   // (embed, layers, q_heads, kv), ..., decoder/decoder_norm/scale (norm)
+//   Tensor logits = tessel::transformer_logits(c, nn::tensors(state), tokens);  // [batch, seq, vocab]
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "tessel/core/dtype.h"
+#include "tessel/nn/params.h"
 #include "tessel/state/initializer.h"
 #include "tessel/state/module.h"
 
 namespace tessel {
-
-// The Flax NNX GSPMD guide's model: x @ dot1 -> relu -> @ w2.
-struct DotReluDotConfig {
-  int64_t depth = 1024;   // input and output width (logical "embed")
-  int64_t hidden = 0;     // 0: depth (logical "mlp")
-  DType dtype = DType::kF32;
-  Initializer kernel_init = Initializer::lecun_normal();
-};
 
 // A decoder-only transformer LM with MaxText's parameter names and layouts.
 struct TransformerConfig {
@@ -48,13 +42,17 @@ struct TransformerConfig {
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : (heads > 0 ? embed / heads : 0); }
 };
 
-// Both throw ValueError naming the field for a non-positive size, heads not dividing embed (when
+// Throws ValueError naming the field for a non-positive size, heads not dividing embed (when
 // head_dim is not given), kv_heads not dividing heads, a scan axis out of range, or more than
 // 10000 unstacked layers.
-void validate(const DotReluDotConfig& config);
 void validate(const TransformerConfig& config);
 
-Module dot_relu_dot(const DotReluDotConfig& config);
 Module transformer_lm(const TransformerConfig& config);
+
+// Token embedding, per layer pre-norm causal self-attention with rotary positions (grouped-query
+// when kv_heads < heads) and a pre-norm MLP (gelu, or silu-gated), each added to the residual
+// stream; a final norm and the logits (logits_dense or the tied embedding).
+// tokens: i32 [batch, seq] -> logits [batch, seq, vocab].
+Tensor transformer_logits(const TransformerConfig& config, const nn::Params& params, const Tensor& tokens);
 
 }  // namespace tessel

@@ -5,8 +5,8 @@
 
 #include "test_util.h"
 #include "tessel/core/error.h"
-#include "tessel/state/model_config.h"
-#include "tessel/state/models.h"
+#include "tessel/models/model_config.h"
+#include "tessel/models/transformer.h"
 
 namespace tessel {
 namespace {

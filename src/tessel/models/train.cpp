@@ -1,13 +1,18 @@
-#include "tessel/nn/train.h"
+#include "tessel/models/train.h"
+
+#include <fmt/format.h>
 
 #include "tessel/core/error.h"
-#include "tessel/nn/models.h"
+#include "tessel/models/maxtext.h"
+#include "tessel/nn/params.h"
 #include "tessel/ops/autodiff.h"
 #include "tessel/ops/ops.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/init.h"
 
-namespace tessel::nn {
+namespace tessel::models {
+
+using nn::Params;
 namespace {
 
 constexpr const char* kDefaultRules = R"(# tessel train's default rules (MaxText-style names)
@@ -39,16 +44,24 @@ Trainer::Trainer(const Runtime& rt, ModelConfig model, Mesh mesh, LogicalRules r
       mesh_(std::move(mesh)),
       rules_(std::move(rules)),
       optimizer_(optimizer),
-      resolve_(resolve) {}
+      resolve_(resolve) {
+  if (const auto* m = std::get_if<MaxTextConfig>(&model_.config); m && !maxtext_has_forward(*m))
+    throw ValueError(fmt::format("{}: decoder_block '{}' has no forward pass in tessel yet (llama2 and qwen3 train)",
+                                 model_.source, m->decoder_block));
+  // The LMs train on bytes: every byte must be a token.
+  if (model_.is_lm() && model_.vocab() < 256)
+    throw ValueError(fmt::format("{}: the vocabulary has {} tokens; training on bytes needs at least 256",
+                                 model_.source.empty() ? model_.family() : model_.source, model_.vocab()));
+}
 
 State Trainer::eval_shape() const {
   State params = tessel::eval_shape(module_, mesh_, rules_, resolve_);
-  return State::merge({params, init_optimizer(optimizer_, params)});
+  return State::merge({params, nn::init_optimizer(optimizer_, params)});
 }
 
 State Trainer::init(uint64_t seed) const {
   State params = tessel::init(*rt_, module_, seed, mesh_, rules_, resolve_);
-  return State::merge({params, init_optimizer(optimizer_, params)});
+  return State::merge({params, nn::init_optimizer(optimizer_, params)});
 }
 
 NamedSharding Trainer::batch_sharding(int64_t rank) const {
@@ -59,24 +72,26 @@ NamedSharding Trainer::batch_sharding(int64_t rank) const {
 
 Batch Trainer::batch(const ByteDataset* data, const DataPosition& at, int64_t batch, int64_t seq) const {
   if (const auto* c = std::get_if<DotReluDotConfig>(&model_.config)) {
-    return make_regression_batch(*rt_, at, batch, c->depth, batch_sharding());
+    return nn::make_regression_batch(*rt_, at, batch, c->depth, batch_sharding());
   }
   if (!data) throw ValueError("the transformer trains on text: give a dataset");
-  return make_batch(*rt_, *data, at, batch, seq, batch_sharding());
+  return nn::make_batch(*rt_, *data, at, batch, seq, batch_sharding());
 }
 
 Tensor Trainer::loss(const State&, const Params& params, const Tensor& inputs, const Tensor& targets) const {
   if (const auto* c = std::get_if<DotReluDotConfig>(&model_.config)) {
     (void)c;
-    return ops::mean(ops::square(ops::sub(dot_relu_dot(params, inputs), targets)));
+    return ops::mean(ops::square(ops::sub(dot_relu_dot_forward(params, inputs), targets)));
   }
+  if (const auto* m = std::get_if<MaxTextConfig>(&model_.config))
+    return ops::cross_entropy(maxtext_logits(*m, params, inputs), targets);
   const auto& t = std::get<TransformerConfig>(model_.config);
   return ops::cross_entropy(transformer_logits(t, params, inputs), targets);
 }
 
 StepOutputs Trainer::run(const State& state, const Tensor& inputs, const Tensor& targets, int64_t step) const {
   auto [param_state, opt_state] = state.split(Filter::kind(kParam), Filter::all());
-  Params params = tensors(param_state);
+  Params params = nn::tensors(param_state);
   std::vector<std::string> paths;
   std::vector<Tensor> wrt;
   for (auto& [path, t] : params) {
@@ -102,7 +117,7 @@ StepOutputs Trainer::run(const State& state, const Tensor& inputs, const Tensor&
     const HostArray host = to_host(out.loss.array());
     out.metrics.loss = host.dtype() == DType::kF32 ? host.values<float>()[0] : host.values<double>()[0];
   }
-  const UpdateStats stats = apply_updates(optimizer_, step, param_state, opt_state, grad_arrays);
+  const nn::UpdateStats stats = nn::apply_updates(optimizer_, step, param_state, opt_state, grad_arrays);
   out.metrics.grad_norm = stats.grad_norm;
   out.metrics.lr = stats.lr;
   out.state = State::merge({param_state, opt_state});
@@ -116,11 +131,11 @@ StepMetrics Trainer::step(State& state, const Batch& batch, int64_t step) const 
 }
 
 StepOutputs Trainer::eval_shape_step(const State& abstract_state, int64_t batch, int64_t seq) const {
-  const bool lm = std::holds_alternative<TransformerConfig>(model_.config);
+  const bool lm = model_.is_lm();
   const int64_t width = lm ? seq : std::get<DotReluDotConfig>(model_.config).depth;
   const DType dtype = lm ? DType::kI32 : DType::kF32;
   const Tensor inputs = Tensor::abstract(Shape{batch, width}, dtype, batch_sharding());
   return run(abstract_state, inputs, inputs, 0);
 }
 
-}  // namespace tessel::nn
+}  // namespace tessel::models

@@ -3,10 +3,10 @@
 // The train state is one State: the parameters (kind "param") and the optimizer state (kind
 // "opt_state"), so it is planned, checkpointed and restored like any other state.
 //
-//   nn::Trainer t(rt, model_config, Mesh::parse("data=2,fsdp=2,tensor=2"), rules, {});
+//   models::Trainer t(rt, model_config, Mesh::parse("data=2,fsdp=2,tensor=2"), rules, {});
 //   State state = t.init(/*seed=*/0);                 // params + opt_state, sharded from birth
 //   nn::Batch b = nn::make_batch(rt, data, {.seed = 0, .step = 0}, 16, 128, t.batch_sharding());
-//   nn::StepMetrics m = t.step(state, b, /*step=*/0);  // state updated in place
+//   models::StepMetrics m = t.step(state, b, /*step=*/0);  // state updated in place
 //   State after = t.eval_shape_step(t.eval_shape());   // the same, on shapes and shardings only
 #pragma once
 
@@ -17,10 +17,15 @@
 #include "tessel/ops/tensor.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/sharding/logical_rules.h"
-#include "tessel/state/model_config.h"
+#include "tessel/models/model_config.h"
 #include "tessel/state/state.h"
 
-namespace tessel::nn {
+namespace tessel::models {
+
+using nn::Batch;
+using nn::ByteDataset;
+using nn::DataPosition;
+using nn::OptimizerConfig;
 
 // The rules `tessel train` uses when none are given: MaxText-style names on data, fsdp, tensor.
 LogicalRules default_rules();
@@ -82,4 +87,4 @@ class Trainer {
   ResolveOptions resolve_;
 };
 
-}  // namespace tessel::nn
+}  // namespace tessel::models

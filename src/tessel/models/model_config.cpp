@@ -1,4 +1,4 @@
-#include "tessel/state/model_config.h"
+#include "tessel/models/model_config.h"
 
 #include <charconv>
 #include <functional>
@@ -10,6 +10,7 @@
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
 #include "tessel/detail/yaml_util.h"
+#include "tessel/models/maxtext.h"
 
 namespace tessel {
 namespace {
@@ -123,7 +124,8 @@ ModelConfig from_yaml(const YAML::Node& root, const std::string& source) {
   }
   // Sizes and their relations, reported against the file.
   try {
-    std::visit([](const auto& c) { validate(c); }, out.config);
+    if (const auto* d = std::get_if<DotReluDotConfig>(&out.config)) validate(*d);
+    if (const auto* t = std::get_if<TransformerConfig>(&out.config)) validate(*t);
   } catch (const ValueError& e) {
     throw ParseError(source, 0, 0, e.what());
   }
@@ -133,12 +135,27 @@ ModelConfig from_yaml(const YAML::Node& root, const std::string& source) {
 }  // namespace
 
 std::string ModelConfig::family() const {
-  return std::holds_alternative<DotReluDotConfig>(config) ? "dot_relu_dot" : "transformer";
+  if (std::holds_alternative<DotReluDotConfig>(config)) return "dot_relu_dot";
+  if (std::holds_alternative<TransformerConfig>(config)) return "transformer";
+  return "maxtext:" + std::get<MaxTextConfig>(config).decoder_block;
+}
+
+int64_t ModelConfig::vocab() const {
+  if (const auto* t = std::get_if<TransformerConfig>(&config)) return t->vocab;
+  if (const auto* m = std::get_if<MaxTextConfig>(&config)) return m->vocab_size;
+  return 0;
 }
 
 Module ModelConfig::build() const {
   if (const auto* c = std::get_if<DotReluDotConfig>(&config)) return dot_relu_dot(*c);
+  if (const auto* m = std::get_if<MaxTextConfig>(&config)) return maxtext_model(*m);
   return transformer_lm(std::get<TransformerConfig>(config));
+}
+
+ModelConfig load_maxtext_model(const MaxTextSources& sources) {
+  MaxTextConfig c = load_maxtext_config(sources);
+  std::string source = c.source;
+  return ModelConfig{.config = std::move(c), .source = std::move(source)};
 }
 
 ModelConfig parse_model_config(std::string_view yaml, std::string source) {

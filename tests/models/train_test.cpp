@@ -10,7 +10,7 @@
 #include "test_util.h"
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
-#include "tessel/nn/train.h"
+#include "tessel/models/train.h"
 #include "tessel/runtime/device.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/state/init.h"
@@ -35,7 +35,7 @@ nn::OptimizerConfig adamw() {
 }
 
 std::vector<double> train(const Runtime& rt, const Mesh& mesh, int64_t from, int64_t to, State* state,
-                          const nn::Trainer& t, const nn::ByteDataset& data) {
+                          const models::Trainer& t, const nn::ByteDataset& data) {
   std::vector<double> losses;
   for (int64_t s = from; s < to; ++s) {
     const nn::Batch b = t.batch(&data, {.seed = 3, .step = s}, 8, 16);
@@ -52,9 +52,9 @@ TEST(Train, LmLossesAgreeAcrossMeshes) {
   std::vector<double> one;
   for (const char* m : {"data=1", "data=8", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2"}) {
     SCOPED_TRACE(m);
-    const LogicalRules rules = nn::default_rules();
+    const LogicalRules rules = models::default_rules();
     const Mesh mesh = Mesh::parse(m, rules.mesh_axes());
-    nn::Trainer t(rt, small_lm(), mesh, rules, adamw());
+    models::Trainer t(rt, small_lm(), mesh, rules, adamw());
     State state = t.init(1);
     const std::vector<double> losses = train(rt, mesh, 0, 20, &state, t, data);
     if (one.empty()) {
@@ -69,10 +69,10 @@ TEST(Train, LmLossesAgreeAcrossMeshes) {
 TEST(Train, ResumedOnAnotherMeshGivesTheSameLosses) {
   Runtime rt = Runtime::host(8);
   const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
-  const LogicalRules rules = nn::default_rules();
+  const LogicalRules rules = models::default_rules();
   const Mesh a = Mesh::parse("data=2,fsdp=2,tensor=2", rules.mesh_axes());
   const Mesh b = Mesh::parse("fsdp=4,tensor=2", rules.mesh_axes());
-  nn::Trainer ta(rt, small_lm(), a, rules, adamw()), tb(rt, small_lm(), b, rules, adamw());
+  models::Trainer ta(rt, small_lm(), a, rules, adamw()), tb(rt, small_lm(), b, rules, adamw());
   State straight = ta.init(1);
   const std::vector<double> want = train(rt, a, 0, 20, &straight, ta, data);
 
@@ -100,22 +100,22 @@ TEST(Train, EvalShapeOfAStepMatchesARealStep) {
   for (const char* model : {"lm", "mlp"}) {
     SCOPED_TRACE(model);
     Runtime rt = Runtime::host(8);
-    const LogicalRules rules = nn::default_rules();
+    const LogicalRules rules = models::default_rules();
     const Mesh mesh = Mesh::parse("data=2,fsdp=2,tensor=2", rules.mesh_axes());
     const ModelConfig config = std::string(model) == "lm" ? small_lm()
                                                           : parse_model_config("model: dot_relu_dot\ndepth: 16\nhidden: 32\n");
-    nn::Trainer t(rt, config, mesh, rules, adamw());
+    models::Trainer t(rt, config, mesh, rules, adamw());
     const State abstract = t.eval_shape();
     int64_t in_use = 0;
     for (int64_t d = 0; d < 8; ++d) in_use += rt.device(d).memory_stats().in_use;
-    const nn::StepOutputs shapes = t.eval_shape_step(abstract, 8, 16);
+    const models::StepOutputs shapes = t.eval_shape_step(abstract, 8, 16);
     int64_t after = 0;
     for (int64_t d = 0; d < 8; ++d) after += rt.device(d).memory_stats().in_use;
     EXPECT_EQ(after, in_use);  // nothing allocated
     EXPECT_TRUE(shapes.loss.is_abstract());
     const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
     const nn::Batch batch = t.batch(&data, {}, 8, 16);
-    const nn::StepOutputs real = t.run(t.init(0), Tensor(batch.inputs), Tensor(batch.targets), 0);
+    const models::StepOutputs real = t.run(t.init(0), Tensor(batch.inputs), Tensor(batch.targets), 0);
     EXPECT_EQ(shapes.loss.shape(), real.loss.shape());
     EXPECT_EQ(shapes.loss.sharding(), real.loss.sharding());
     ASSERT_EQ(shapes.state.paths(), real.state.paths());

@@ -25,20 +25,27 @@
 #include <string_view>
 #include <variant>
 
-#include "tessel/state/models.h"
+#include "tessel/models/dot_relu_dot.h"
+#include "tessel/models/maxtext_config.h"
+#include "tessel/models/transformer.h"
 #include "tessel/state/module.h"
 
 namespace tessel {
 
+// A model: tessel's own (YAML above) or one of MaxText's families (maxtext_config.h).
 struct ModelConfig {
-  std::variant<DotReluDotConfig, TransformerConfig> config;
-  std::string source;  // the file it came from, for messages
+  std::variant<DotReluDotConfig, TransformerConfig, MaxTextConfig> config;
+  std::string source;  // the file(s) it came from, for messages
 
-  std::string family() const;  // "dot_relu_dot" or "transformer"
+  std::string family() const;  // "dot_relu_dot", "transformer" or "maxtext:<decoder_block>"
+  bool is_lm() const { return !std::holds_alternative<DotReluDotConfig>(config); }
+  int64_t vocab() const;       // the LM's vocabulary; 0 for DotReluDot
   Module build() const;
 };
 
 ModelConfig parse_model_config(std::string_view yaml, std::string source = "<yaml>");
 ModelConfig load_model_config(const std::filesystem::path& file);
+// One of MaxText's models from its YAML files (load_maxtext_config).
+ModelConfig load_maxtext_model(const MaxTextSources& sources);
 
 }  // namespace tessel

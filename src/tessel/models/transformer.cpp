@@ -1,8 +1,13 @@
-#include "tessel/state/models.h"
+#include "tessel/models/transformer.h"
+
+#include <cmath>
+#include <functional>
 
 #include <fmt/format.h>
 
 #include "tessel/core/error.h"
+#include "tessel/nn/attention.h"
+#include "tessel/ops/ops.h"
 
 namespace tessel {
 namespace {
@@ -70,11 +75,6 @@ std::vector<LayerParam> layer_params(const TransformerConfig& c) {
 
 }  // namespace
 
-void validate(const DotReluDotConfig& c) {
-  check_positive(c.depth, "dot_relu_dot", "depth");
-  if (c.hidden != 0) check_positive(c.hidden, "dot_relu_dot", "hidden");
-}
-
 void validate(const TransformerConfig& c) {
   constexpr std::string_view m = "transformer";
   check_positive(c.vocab, m, "vocab");
@@ -95,17 +95,6 @@ void validate(const TransformerConfig& c) {
                                  "(use scan_layers: true)", c.layers));
   if (c.scan_axis < 0 || c.scan_axis > 3)
     throw ValueError(fmt::format("transformer: scan_axis must be in [0, 3], got {}", c.scan_axis));
-}
-
-Module dot_relu_dot(const DotReluDotConfig& c) {
-  validate(c);
-  const int64_t hidden = c.hidden ? c.hidden : c.depth;
-  Module m("model");
-  m.param({.name = "dot1/kernel", .shape = {c.depth, hidden}, .dtype = c.dtype, .init = c.kernel_init,
-           .partitioning = Partitioning::by_logical({"embed", "mlp"}), .fans = {{0}, {1}, {}}});
-  m.param({.name = "w2", .shape = {hidden, c.depth}, .dtype = c.dtype, .init = c.kernel_init,
-           .partitioning = Partitioning::by_logical({"mlp", "embed"}), .fans = {{0}, {1}, {}}});
-  return m;
 }
 
 Module transformer_lm(const TransformerConfig& c) {
@@ -144,6 +133,67 @@ Module transformer_lm(const TransformerConfig& c) {
   model.add(std::move(embedder));
   model.add(std::move(decoder));
   return model;
+}
+
+// The forward pass.
+namespace {
+
+using nn::Params;
+
+constexpr double kEps = 1e-5;  // MaxText's normalization_layer_epsilon default
+
+const Tensor& at(const Params& p, const std::string& path) { return nn::param(p, path); }
+
+// One layer's parameter: a slice of the stacked parameter, or the layer's own.
+using LayerWeight = std::function<Tensor(const std::string& name)>;
+
+LayerWeight layer(const TransformerConfig& c, const Params& p, int64_t i) {
+  return [&c, &p, i](const std::string& name) {
+    if (!c.scan_layers) return at(p, "decoder/layers/" + std::to_string(i) + "/" + name);
+    const Tensor& stacked = at(p, "decoder/layers/" + name);
+    const size_t dim = std::min(static_cast<size_t>(c.scan_axis), stacked.rank() - 1);
+    return ops::index(stacked, dim, i);
+  };
+}
+
+Tensor attention(const TransformerConfig& c, const LayerWeight& w, const Tensor& x) {
+  const int64_t b = x.shape()[0], s = x.shape()[1], e = x.shape()[2];
+  const int64_t h = c.heads, kv = c.resolved_kv_heads(), d = c.resolved_head_dim();
+  auto project = [&](const std::string& name, int64_t n) {
+    return ops::reshape(ops::dot(x, ops::reshape(w(name), Shape{e, n * d})), Shape{b, s, n, d});
+  };
+  Tensor q = project("self_attention/query/kernel", h);
+  Tensor k = project("self_attention/key/kernel", kv);
+  const Tensor v = project("self_attention/value/kernel", kv);
+  if (c.qk_norm) {
+    q = ops::rms_norm(q, w("self_attention/query_norm/scale"), kEps);
+    k = ops::rms_norm(k, w("self_attention/key_norm/scale"), kEps);
+  }
+  q = ops::scale(ops::rope(q, 1), 1.0 / std::sqrt(static_cast<double>(d)));
+  k = ops::rope(k, 1);
+  const Tensor merged = nn::causal_attention(q, k, v);
+  return ops::dot(merged, ops::reshape(w("self_attention/out/kernel"), Shape{h * d, e}));
+}
+
+Tensor mlp(const TransformerConfig& c, const LayerWeight& w, const Tensor& x) {
+  const Tensor hidden = c.gated_mlp ? ops::mul(ops::silu(ops::dot(x, w("mlp/wi_0/kernel"))), ops::dot(x, w("mlp/wi_1/kernel")))
+                                    : ops::gelu(ops::dot(x, w("mlp/wi/kernel")));
+  return ops::dot(hidden, w("mlp/wo/kernel"));
+}
+
+}  // namespace
+
+Tensor transformer_logits(const TransformerConfig& c, const nn::Params& p, const Tensor& tokens) {
+  if (tokens.rank() != 2) throw ValueError("transformer: tokens must be [batch, seq], got " + tokens.to_string());
+  const Tensor& embedding = at(p, "token_embedder/embedding");
+  Tensor x = ops::take(embedding, tokens);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const LayerWeight w = layer(c, p, i);
+    x = ops::add(x, attention(c, w, ops::rms_norm(x, w("pre_self_attention_layer_norm/scale"), kEps)));
+    x = ops::add(x, mlp(c, w, ops::rms_norm(x, w("post_self_attention_layer_norm/scale"), kEps)));
+  }
+  x = ops::rms_norm(x, at(p, "decoder/decoder_norm/scale"), kEps);
+  return c.tied_embedding ? ops::dot_nt(x, embedding) : ops::dot(x, at(p, "decoder/logits_dense/kernel"));
 }
 
 }  // namespace tessel

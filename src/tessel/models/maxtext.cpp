@@ -1,0 +1,177 @@
+#include "tessel/models/maxtext.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessel/core/error.h"
+#include "tessel/detail/file_util.h"
+#include "tessel/detail/json_util.h"
+#include "tessel/detail/text_util.h"
+#include "tessel/models/detail/maxtext_layers.h"
+#include "tessel/ops/ops.h"
+#include "tessel/sharding/detail/spec_json.h"
+
+namespace tessel {
+namespace {
+
+using maxtext::Weights;
+
+// One decoder layer of the family, or of its MoE kind (deepseek).
+Module layer_of(const MaxTextConfig& c, const std::string& name, bool moe) {
+  if (c.decoder_block == "llama2") return maxtext::llama2_layer(name, c);
+  if (c.decoder_block == "qwen3") return maxtext::qwen3_layer(name, c);
+  if (c.decoder_block == "deepseek")
+    return moe ? maxtext::deepseek_moe_layer(name, c) : maxtext::deepseek_dense_layer(name, c);
+  if (c.decoder_block == "gpt_oss") return maxtext::gpt_oss_layer(name, c);
+  throw ValueError("decoder_block '" + c.decoder_block + "' is not one tessel builds");
+}
+
+// The decoder's layer stacks as (name, count, moe): scanned, each is one Module of stacked
+// parameters; unscanned, `name`_0, `name`_1, ...
+struct Stack {
+  std::string name;
+  int64_t count;
+  bool moe;
+};
+
+std::vector<Stack> stacks(const MaxTextConfig& c) {
+  if (c.decoder_block == "deepseek")
+    return {{"dense_layers", c.first_num_dense_layers, false},
+            {"moe_layers", c.num_decoder_layers - c.first_num_dense_layers, true}};
+  return {{"layers", c.num_decoder_layers, false}};
+}
+
+std::vector<std::string> components(const std::string& path) {
+  std::vector<std::string> out;
+  for (std::string_view part : text_util::split(path, '/')) out.emplace_back(part);
+  return out;
+}
+
+std::string dict_key(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) out += "/['" + p + "']";
+  return out;
+}
+
+}  // namespace
+
+Module maxtext_model(const MaxTextConfig& c) {
+  Module embedder("token_embedder");
+  // default_embed_init: variance_scaling(1, fan_in, normal, out_axis=0) over [vocab, embed].
+  embedder.param({.name = "embedding", .shape = {c.vocab_size, c.emb_dim}, .dtype = c.weight_dtype,
+                  .init = Initializer::variance_scaling(1.0, FanMode::kFanIn, Distribution::kNormal),
+                  .partitioning = Partitioning::by_logical({"vocab", "embed_vocab"}), .fans = {{1}, {0}, {}}});
+  Module decoder("decoder");
+  for (const Stack& s : stacks(c)) {
+    if (c.scan_layers) {
+      const bool blocks = c.decoder_block == "gpt_oss";
+      const Module unit = blocks ? maxtext::gpt_oss_block(s.name, c) : layer_of(c, s.name, s.moe);
+      const int64_t n = blocks ? s.count / c.inhomogeneous_layer_cycle_interval : s.count;
+      decoder.add(maxtext::stacked(s.name, unit, n, c.param_scan_axis));
+    } else {
+      for (int64_t i = 0; i < s.count; ++i) decoder.add(layer_of(c, s.name + "_" + std::to_string(i), s.moe));
+    }
+  }
+  decoder.add(maxtext::rms_norm("decoder_norm", c.emb_dim, c.weight_dtype));
+  if (!c.logits_via_embedding)
+    decoder.add(maxtext::dense("logits_dense", {c.emb_dim}, {c.vocab_size}, {"embed_vocab", "vocab"},
+                               Initializer::lecun_normal(), c.weight_dtype));
+  Module model("model");
+  model.add(std::move(decoder));
+  model.add(std::move(embedder));
+  return model;
+}
+
+bool maxtext_has_forward(const MaxTextConfig& c) {
+  return c.decoder_block == "llama2" || c.decoder_block == "qwen3";
+}
+
+Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
+  if (!maxtext_has_forward(c))
+    throw ValueError(fmt::format("decoder_block '{}': tessel builds its parameters but has no forward pass for it yet "
+                                 "(llama2 and qwen3 have one)", c.decoder_block));
+  if (tokens.rank() != 2) throw ValueError("maxtext: tokens must be [batch, seq], got " + tokens.to_string());
+  const Tensor& embedding = nn::param(p, "token_embedder/embedding");
+  Tensor x = ops::take(embedding, tokens);
+  for (int64_t i = 0; i < c.num_decoder_layers; ++i) {
+    const Weights w = [&c, &p, i](const std::string& path) {
+      if (!c.scan_layers) return nn::param(p, "decoder/layers_" + std::to_string(i) + "/" + path);
+      const Tensor& stacked = nn::param(p, "decoder/layers/" + path);
+      const size_t dim = std::min(static_cast<size_t>(c.param_scan_axis), stacked.rank() - 1);
+      return ops::index(stacked, dim, i);
+    };
+    x = c.decoder_block == "qwen3" ? maxtext::qwen3_layer_forward(c, w, x) : maxtext::llama2_layer_forward(c, w, x);
+  }
+  x = ops::rms_norm(x, nn::param(p, "decoder/decoder_norm/scale"), c.normalization_layer_epsilon);
+  if (!c.logits_via_embedding) return ops::dot(x, nn::param(p, "decoder/logits_dense/kernel"));
+  Tensor logits = ops::dot_nt(x, embedding);
+  if (c.normalize_embedding_logits) logits = ops::scale(logits, 1.0 / std::sqrt(static_cast<double>(c.emb_dim)));
+  return logits;
+}
+
+std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& c, const State& state) {
+  if (c.opt_type != "adamw")
+    throw ValueError(fmt::format("opt_type '{}': tessel builds MaxText's TrainState for adamw only", c.opt_type));
+  struct Leaf {
+    std::vector<std::string> parts;
+    const Variable* v;
+    std::string path;
+  };
+  std::vector<Leaf> leaves;
+  std::optional<Mesh> mesh;
+  for (const auto& [path, v] : state) {
+    if (v.kind() != kParam) continue;
+    leaves.push_back({components(path), &v, path});
+    if (v.sharding()) mesh = v.sharding()->mesh();
+  }
+  std::sort(leaves.begin(), leaves.end(), [](const Leaf& a, const Leaf& b) { return a.parts < b.parts; });
+  std::vector<MaxTextStateEntry> out;
+  auto counter = [&](std::string key, std::string orbax_path) {
+    std::optional<NamedSharding> sharding;
+    if (mesh) sharding = NamedSharding(*mesh, PartitionSpec{});
+    out.push_back({std::move(key), std::move(orbax_path), "", Shape{}, DType::kI32, {}, sharding});
+  };
+  auto tree = [&](const std::string& key_prefix, const std::string& orbax_prefix, const std::string& tessel_prefix,
+                  std::optional<DType> dtype) {
+    for (const Leaf& l : leaves)
+      out.push_back({key_prefix + "/['params']" + dict_key(l.parts), orbax_prefix + "/params/" + l.path,
+                     tessel_prefix + l.path, l.v->shape(), dtype.value_or(l.v->dtype()), l.v->partitioning().logical,
+                     l.v->sharding()});
+  };
+  counter(".step", "step");
+  tree(".params", "params", "", std::nullopt);
+  counter(".opt_state/[0]/.count", "opt_state/0/count");
+  tree(".opt_state/[0]/.mu", "opt_state/0/mu", "opt_state/mu/", c.mu_dtype);
+  tree(".opt_state/[0]/.nu", "opt_state/0/nu", "opt_state/nu/", std::nullopt);
+  counter(".opt_state/[2]/.count", "opt_state/2/count");
+  return out;
+}
+
+void write_maxtext_shardings(const std::vector<MaxTextStateEntry>& entries, const std::filesystem::path& dir) {
+  json_util::Json logical = json_util::Json::object(), named = json_util::Json::object();
+  for (const MaxTextStateEntry& e : entries) {
+    json_util::Json shape = json_util::Json::array(), names = json_util::Json::array();
+    for (int64_t d : e.shape.dims()) shape.push_back(d);
+    for (const auto& n : e.logical) names.push_back(n ? json_util::Json(*n) : json_util::Json(nullptr));
+    logical[e.key] = {{"partition_spec", names}, {"shape", shape}};
+    if (!e.sharding) throw ValueError("'" + e.key + "' has no sharding (eval_shape on a mesh first)");
+    const Mesh& mesh = e.sharding->mesh();
+    json_util::Json axis_names = json_util::Json::array(), sizes = json_util::Json::object();
+    for (const MeshAxis& a : mesh.axes()) {
+      axis_names.push_back(a.name);
+      sizes[a.name] = a.size;
+    }
+    named[e.key] = {{"mesh", {{"axis_names", axis_names}, {"shape", sizes}}},
+                    {"partition_spec", spec_json::to_json(e.sharding->spec())},
+                    {"shape", shape}};
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create '{}': {}", dir.string(), ec.message()));
+  file_util::write_text(dir / "logical_shardings.json", json_util::dump(logical, 2) + "\n");
+  file_util::write_text(dir / "named_shardings.json", json_util::dump(named, 2) + "\n");
+}
+
+}  // namespace tessel
