@@ -27,8 +27,10 @@ struct Setting {
 // overrides' value.
 class Settings {
  public:
+  // Erase, then insert: assigning a YAML::Node would write into the node it refers to (base.yml's).
   void set(const std::string& key, YAML::Node node, std::string source) {
-    values_.insert_or_assign(key, Setting{std::move(node), std::move(source)});
+    values_.erase(key);
+    values_.emplace(key, Setting{std::move(node), std::move(source)});
   }
   bool has(const std::string& key) const { return values_.contains(key); }
   const Setting& at(const std::string& key) const {

@@ -122,6 +122,11 @@ Module routed_and_shared_moe(std::string name, const MaxTextConfig& c) {
 }
 
 Module stacked(std::string name, const Module& layer, int64_t n, int64_t axis) {
+  const std::string logical = name;
+  return stacked(std::move(name), layer, n, axis, logical);
+}
+
+Module stacked(std::string name, const Module& layer, int64_t n, int64_t axis, const std::string& logical) {
   Module out(std::move(name));
   for (const ParamDecl& p : layer.params()) {
     ParamDecl q = p;
@@ -130,7 +135,7 @@ Module stacked(std::string name, const Module& layer, int64_t n, int64_t axis) {
     dims.insert(dims.begin() + static_cast<std::ptrdiff_t>(at), n);
     q.shape = Shape(std::move(dims));
     q.partitioning.logical.insert(q.partitioning.logical.begin() + static_cast<std::ptrdiff_t>(at),
-                                  std::string("layers"));
+                                  logical);
     auto shift = [at](std::vector<size_t>& axes) {
       for (size_t& a : axes) a += a >= at ? 1 : 0;
     };
@@ -141,7 +146,7 @@ Module stacked(std::string name, const Module& layer, int64_t n, int64_t axis) {
     q.fans.batch_axes.push_back(at);
     out.param(std::move(q));
   }
-  for (const Module& child : layer.children()) out.add(stacked(child.name(), child, n, axis));
+  for (const Module& child : layer.children()) out.add(stacked(child.name(), child, n, axis, logical));
   return out;
 }
 

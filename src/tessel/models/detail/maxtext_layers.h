@@ -57,9 +57,11 @@ Module gpt_oss_layer(std::string name, const MaxTextConfig& c);
 Module gpt_oss_block(std::string name, const MaxTextConfig& c);
 
 // `layer` repeated `n` times as one Module of stacked parameters (nn.scan over the layers: each
-// parameter gains a dimension of size n at param_scan_axis, logical name "layers", a batch axis
-// for the fans).
+// parameter gains a dimension of size n at param_scan_axis, logically named as the stack
+// ("layers", "dense_layers", "moe_layers": MaxText's scan metadata name), a batch axis for the
+// fans).
 Module stacked(std::string name, const Module& layer, int64_t n, int64_t axis);
+Module stacked(std::string name, const Module& layer, int64_t n, int64_t axis, const std::string& logical);
 
 }  // namespace tessel::maxtext
 

@@ -1,0 +1,256 @@
+// MaxText's model families from MaxText's own YAML: the golden sharding dump, the published
+// parameter counts, the tree's structure per option, the config errors, and training.
+#include <map>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/models/maxtext.h"
+#include "tessel/models/train.h"
+#include "tessel/state/init.h"
+#include "tessel/state/plan.h"
+
+namespace tessel {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+std::string model_file(const std::string& name) { return testing::testdata("maxtext/models/" + name + ".yml").string(); }
+
+MaxTextConfig config(const std::string& name, std::vector<std::string> sets = {}) {
+  return load_maxtext_config(
+      {.model = model_file(name), .base = testing::testdata("maxtext/base.yml"), .overrides = std::move(sets)});
+}
+
+std::map<std::string, ParamDecl> declared(const Module& m) {
+  std::map<std::string, ParamDecl> out;
+  m.visit([&](const std::string& path, const ParamDecl& d) { out.emplace(path, d); });
+  return out;
+}
+
+int64_t count(const Module& m) {
+  int64_t n = 0;
+  m.visit([&](const std::string&, const ParamDecl& d) { n += d.shape.num_elements(); });
+  return n;
+}
+
+LogicalAxes names(std::initializer_list<std::optional<std::string>> n) { return LogicalAxes(n); }
+
+TEST(MaxText, Qwen3DumpEqualsMaxTextsGoldenForEveryKey) {
+  const MaxTextConfig c = config("qwen3-0.6b");
+  const State params = eval_shape(maxtext_model(c), c.mesh(16), c.rules);
+  testing::TempDir dir;
+  write_maxtext_shardings(maxtext_train_state(c, params), dir.path());
+  for (const char* file : {"logical_shardings.json", "named_shardings.json"}) {
+    SCOPED_TRACE(file);
+    const auto golden = nlohmann::ordered_json::parse(
+        testing::read_file(testing::testdata(std::string("maxtext/qwen3-0.6b_tpu7x-16_default/") + file)));
+    const auto ours = nlohmann::ordered_json::parse(testing::read_file(dir.path() / file));
+    ASSERT_EQ(ours.size(), golden.size());
+    for (const auto& [key, value] : golden.items()) {
+      SCOPED_TRACE(key);
+      ASSERT_TRUE(ours.contains(key));
+      EXPECT_EQ(ours[key], value);
+    }
+    EXPECT_EQ(ours.dump(), golden.dump());  // the same order too (JAX's flattening order)
+  }
+}
+
+TEST(MaxText, ParameterCountsAreThePublishedOnes) {
+  // The models' published sizes (their model cards and papers).
+  const std::map<std::string, int64_t> published = {
+      {"llama2-7b", 6'738'415'616},       {"llama3-8b", 8'030'261'248},        {"llama3.1-8b", 8'030'261'248},
+      {"llama3.1-70b", 70'553'706'496},   {"llama3.1-405b", 405'853'388'800},  {"qwen3-0.6b", 596'049'920},
+      {"qwen3-8b", 8'190'735'360},        {"qwen3-32b", 32'762'123'264},       {"deepseek2-16b", 15'706'484'224},
+      {"deepseek3-671b", 671'026'419'200}, {"gpt-oss-20b", 20'914'757'184},    {"gpt-oss-120b", 116'829'156'672}};
+  for (const auto& [name, n] : published) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(count(maxtext_model(config(name))), n);
+  }
+}
+
+TEST(MaxText, PlanOfTheLargestModelsOn8192DevicesIsCheap) {
+  for (const char* name : {"deepseek3-671b", "llama3.1-405b"}) {
+    const MaxTextConfig c = config(name);
+    const MemoryPlan p = plan(eval_shape(maxtext_model(c), c.mesh(8192), c.rules), {.optimizer = Optimizer::kAdamW});
+    EXPECT_EQ(p.device_count, 8192);
+    EXPECT_GT(p.total.max, 0);
+    EXPECT_LT(p.total.max, p.param_bytes / 1000);  // fsdp=8192 shards nearly everything
+  }
+}
+
+TEST(MaxText, Llama2TreeUnscannedAndScanned) {
+  auto scanned = declared(maxtext_model(config("llama2-7b")));
+  EXPECT_EQ(scanned.size(), 12u);
+  const ParamDecl& q = scanned.at("decoder/layers/self_attention/query/kernel");
+  EXPECT_EQ(q.shape, (Shape{4096, 32, 32, 128}));
+  EXPECT_EQ(q.partitioning.logical, names({"embed", "layers", "q_heads", "kv"}));
+  EXPECT_EQ(scanned.at("decoder/layers/self_attention/key/kernel").partitioning.logical,
+            names({"embed", "layers", "kv_heads", "kv_head_dim"}));
+  EXPECT_EQ(scanned.at("decoder/logits_dense/kernel").partitioning.logical, names({"embed_vocab", "vocab"}));
+  EXPECT_EQ(scanned.at("token_embedder/embedding").partitioning.logical, names({"vocab", "embed_vocab"}));
+  EXPECT_EQ(scanned.at("decoder/layers/mlp/wi_0/kernel").shape, (Shape{4096, 32, 11008}));
+
+  auto unscanned = declared(maxtext_model(config("llama2-7b", {"scan_layers=false", "param_scan_axis=0"})));
+  EXPECT_EQ(unscanned.size(), 3u + 32u * 9u);
+  EXPECT_EQ(unscanned.at("decoder/layers_31/self_attention/out/kernel").shape, (Shape{32, 128, 4096}));
+  EXPECT_FALSE(unscanned.contains("decoder/layers/self_attention/out/kernel"));
+
+  // param_scan_axis moves the stacked dimension.
+  auto axis0 = declared(maxtext_model(config("llama2-7b", {"param_scan_axis=0"})));
+  EXPECT_EQ(axis0.at("decoder/layers/mlp/wo/kernel").shape, (Shape{32, 11008, 4096}));
+  EXPECT_EQ(axis0.at("decoder/layers/mlp/wo/kernel").partitioning.logical, names({"layers", "mlp", "embed"}));
+}
+
+TEST(MaxText, Llama2sOwnRuleForNormReplacesBaseYmlsAndGoesLast) {
+  const MaxTextConfig c = config("llama2-7b");
+  const LogicalRule& last = c.rules.rules().back();
+  EXPECT_EQ(last.logical, "norm");
+  EXPECT_EQ(last.mesh_axes, std::vector<std::string>{"fsdp"});
+  int norms = 0;
+  for (const LogicalRule& r : c.rules.rules()) norms += r.logical == "norm";
+  EXPECT_EQ(norms, 1);
+}
+
+TEST(MaxText, DerivedSizesFollowGlobalParameterScaleAndActivations) {
+  const MaxTextConfig base = config("llama2-7b");
+  const MaxTextConfig scaled = config("llama2-7b", {"global_parameter_scale=8"});  // log2 3: every scale 1
+  EXPECT_EQ(scaled.emb_dim, 2 * base.emb_dim);
+  EXPECT_EQ(scaled.num_query_heads, 2 * base.num_query_heads);
+  EXPECT_EQ(scaled.mlp_dim, 2 * base.mlp_dim);
+  EXPECT_EQ(scaled.num_decoder_layers, 2 * base.num_decoder_layers);
+  const MaxTextConfig four = config("llama2-7b", {"global_parameter_scale=4"});  // log2 2: heads, mlp, emb
+  EXPECT_EQ(four.emb_dim, 2 * base.emb_dim);
+  EXPECT_EQ(four.num_decoder_layers, base.num_decoder_layers);
+  auto gelu = declared(maxtext_model(config("llama2-7b", {"mlp_activations=[gelu]"})));
+  EXPECT_TRUE(gelu.contains("decoder/layers/mlp/wi/kernel"));
+  EXPECT_FALSE(gelu.contains("decoder/layers/mlp/wi_0/kernel"));
+  EXPECT_EQ(base.mu_dtype, DType::kF32);
+  EXPECT_EQ(config("llama2-7b", {"weight_dtype=bfloat16"}).mu_dtype, DType::kBF16);
+  EXPECT_EQ(config("llama2-7b", {"weight_dtype=bfloat16", "mu_dtype=float32"}).mu_dtype, DType::kF32);
+}
+
+TEST(MaxText, Qwen3TiesEmbeddingsAndNormsQueriesAndKeys) {
+  auto p = declared(maxtext_model(config("qwen3-0.6b")));
+  EXPECT_FALSE(p.contains("decoder/logits_dense/kernel"));
+  EXPECT_EQ(p.at("decoder/layers/self_attention/query_norm/scale").shape, (Shape{128, 28}));
+  auto untied = declared(maxtext_model(config("qwen3-0.6b", {"logits_via_embedding=false", "use_qk_norm=false"})));
+  EXPECT_TRUE(untied.contains("decoder/logits_dense/kernel"));
+  EXPECT_FALSE(untied.contains("decoder/layers/self_attention/query_norm/scale"));
+}
+
+TEST(MaxText, DeepSeekHasDenseThenMoeStacksWithMlaAndSharedExperts) {
+  const MaxTextConfig c = config("deepseek3-671b");
+  auto p = declared(maxtext_model(c));
+  const ParamDecl& wq_a = p.at("decoder/dense_layers/self_attention/wq_a/kernel");
+  EXPECT_EQ(wq_a.shape, (Shape{7168, 3, 1536}));
+  EXPECT_EQ(wq_a.partitioning.logical, names({"embed", "dense_layers", "q_lora_up_proj"}));
+  EXPECT_EQ(p.at("decoder/moe_layers/self_attention/wkv_a/kernel").shape, (Shape{7168, 58, 512 + 64}));
+  EXPECT_EQ(p.at("decoder/moe_layers/self_attention/wkv_b/kernel").shape, (Shape{512, 58, 128, 128 + 128}));
+  EXPECT_EQ(p.at("decoder/moe_layers/self_attention/out/kernel").shape, (Shape{128, 58, 128, 7168}));
+  const std::string moe = "decoder/moe_layers/DeepSeekMoeBlock_0/";
+  const ParamDecl& wi = p.at(moe + "MoeBlock_0/wi_0");
+  EXPECT_EQ(wi.shape, (Shape{256, 58, 7168, 2048}));
+  EXPECT_EQ(wi.partitioning.logical, names({"exp", "moe_layers", "embed_moe", "mlp_moe"}));
+  EXPECT_EQ(p.at(moe + "MoeBlock_0/gate/kernel").partitioning.logical, names({"embed_moe", "moe_layers", std::nullopt}));
+  EXPECT_EQ(p.at(moe + "MoeBlock_0/gate/bias").shape, (Shape{256, 58}));  // routed_bias
+  EXPECT_EQ(p.at(moe + "shared_experts/wi_0/kernel").shape, (Shape{7168, 58, 2048}));
+  EXPECT_EQ(p.at("decoder/dense_layers/mlp/wi_0/kernel").shape, (Shape{7168, 3, 18432}));
+
+  auto no_q_lora = declared(maxtext_model(config("deepseek2-16b", {"scan_layers=false"})));
+  EXPECT_TRUE(no_q_lora.contains("decoder/dense_layers_0/self_attention/query/kernel"));
+  EXPECT_TRUE(no_q_lora.contains("decoder/moe_layers_25/DeepSeekMoeBlock_0/MoeBlock_0/wo"));
+  EXPECT_FALSE(no_q_lora.contains("decoder/moe_layers_26/DeepSeekMoeBlock_0/MoeBlock_0/wo"));
+  EXPECT_FALSE(no_q_lora.contains("decoder/moe_layers_0/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias"));
+}
+
+TEST(MaxText, GptOssScansBlocksOfTwoWithSinksBiasesAndFloat32Norms) {
+  auto p = declared(maxtext_model(config("gpt-oss-20b", {"weight_dtype=bfloat16"})));
+  const std::string l0 = "decoder/layers/layers_0/", l1 = "decoder/layers/layers_1/";
+  EXPECT_EQ(p.at(l0 + "GptOssAttention/query/kernel").shape, (Shape{2880, 12, 64, 64}));
+  EXPECT_EQ(p.at(l1 + "GptOssAttention/query/bias").shape, (Shape{64, 12, 64}));
+  EXPECT_EQ(p.at(l0 + "GptOssAttention/out/bias").partitioning.logical, names({"embed", "layers"}));
+  EXPECT_EQ(p.at(l0 + "GptOssAttention/sinks").partitioning.logical, names({std::nullopt, "layers"}));
+  EXPECT_EQ(p.at(l0 + "GptOssMlp/wi_0_bias").partitioning.logical, names({"exp", "layers", "activation_mlp"}));
+  EXPECT_EQ(p.at(l0 + "GptOssMlp/gate/kernel").partitioning.logical, names({"embed", "layers", std::nullopt}));
+  EXPECT_EQ(p.at(l0 + "pre_self_attention_layer_norm/scale").dtype, DType::kF32);
+  EXPECT_EQ(p.at(l0 + "GptOssMlp/wo").dtype, DType::kBF16);
+  EXPECT_EQ(p.at("decoder/decoder_norm/scale").dtype, DType::kBF16);
+  EXPECT_THAT([] { config("gpt-oss-20b", {"base_num_decoder_layers=5"}); },
+              ThrowsMessage<ValueError>(HasSubstr("inhomogeneous_layer_cycle_interval = 2, which must divide the 5")));
+  auto unscanned = declared(maxtext_model(config("gpt-oss-20b", {"scan_layers=false"})));
+  EXPECT_TRUE(unscanned.contains("decoder/layers_23/GptOssMlp/wi_1"));
+}
+
+TEST(MaxText, ConfigErrorsNameTheKeyAndWhere) {
+  EXPECT_THAT([] { config("llama2-7b", {"base_emb_dimm=8"}); },
+              ThrowsMessage<ParseError>(HasSubstr("unknown key 'base_emb_dimm'")));
+  EXPECT_THAT([] { config("llama2-7b", {"fused_qkv=true"}); },
+              ThrowsMessage<ParseError>(AllOf(HasSubstr("--set fused_qkv=true"), HasSubstr("does not build"))));
+  EXPECT_THAT([] { config("llama2-7b", {"base_emb_dim=wide"}); },
+              ThrowsMessage<ParseError>(HasSubstr("'base_emb_dim' must be an integer")));
+  EXPECT_THAT([] { config("llama2-7b", {"decoder_block=gemma3"}); },
+              ThrowsMessage<ParseError>(HasSubstr("decoder_block 'gemma3' is not one tessel builds")));
+  EXPECT_THAT([] { config("llama2-7b", {"global_parameter_scale=3"}); },
+              ThrowsMessage<ValueError>(HasSubstr("power of two")));
+  EXPECT_THAT([] { config("llama2-7b", {"num_experts=8", "base_moe_mlp_dim=64"}); },
+              ThrowsMessage<ValueError>(HasSubstr("needs a mixture-of-experts decoder_block")));
+  EXPECT_THAT([] { config("llama2-7b", {"base_num_kv_heads=5"}); },
+              ThrowsMessage<ValueError>(HasSubstr("must divide base_num_query_heads")));
+  EXPECT_THAT([] { config("llama2-7b", {"scan_layers"}); }, ThrowsMessage<ValueError>(HasSubstr("key=value")));
+  EXPECT_THAT([] { config("deepseek3-671b", {"attention_type=global"}); },
+              ThrowsMessage<ValueError>(HasSubstr("attention_type must be 'mla'")));
+  testing::TempDir dir;
+  const auto bad = dir.write("bad.yml", "base_emb_dim: 8\nnot_a_key: 1\n");
+  EXPECT_THAT([&] { load_maxtext_config({.model = bad, .base = testing::testdata("maxtext/base.yml")}); },
+              ThrowsMessage<ParseError>(AllOf(HasSubstr("bad.yml:2"), HasSubstr("unknown key 'not_a_key'"))));
+}
+
+TEST(MaxText, MeshFromTheIciParallelism) {
+  const MaxTextConfig c = config("llama2-7b", {"ici_tensor_parallelism=2"});
+  const Mesh m = c.mesh(16);
+  EXPECT_EQ(m.device_count(), 16);
+  EXPECT_EQ(m.axis_size("fsdp"), 8);
+  EXPECT_EQ(m.axis_size("tensor"), 2);
+  EXPECT_EQ(m.axes().size(), c.mesh_axes.size());
+  EXPECT_THAT([&] { c.mesh(3); }, ThrowsMessage<ValueError>(HasSubstr("3 is not a multiple of 2")));
+  EXPECT_THAT([] { config("llama2-7b", {"ici_data_parallelism=-1"}).mesh(8); },
+              ThrowsMessage<ValueError>(HasSubstr("more than one ici parallelism is -1")));
+  EXPECT_THAT([] { config("llama2-7b", {"ici_fsdp_parallelism=4"}).mesh(8); },
+              ThrowsMessage<ValueError>(HasSubstr("multiplies to 4, not the 8 devices per slice")));
+}
+
+TEST(MaxText, TinyQwen3TrainsWithTheSameLossesOnAnyMesh) {
+  Runtime rt = Runtime::host(8);
+  const std::vector<std::string> tiny = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",
+                                         "head_dim=8",      "base_mlp_dim=64",        "base_num_decoder_layers=2",
+                                         "vocab_size=256"};
+  auto data = nn::ByteDataset::open(nn::ByteDataset::default_path());
+  std::vector<std::vector<double>> losses;
+  for (const char* mesh : {"data=1", "fsdp=8", "data=2,fsdp=2,tensor=2"}) {
+    SCOPED_TRACE(mesh);
+    const MaxTextConfig c = config("qwen3-0.6b", tiny);
+    nn::OptimizerConfig opt;
+    opt.schedule.peak = 3e-3;
+    models::Trainer t(rt, ModelConfig{.config = c, .source = c.source}, Mesh::parse(mesh, c.rules.mesh_axes()),
+                      c.rules, opt);
+    State state = t.init(0);
+    std::vector<double>& l = losses.emplace_back();
+    for (int64_t step = 0; step < 6; ++step)
+      l.push_back(t.step(state, t.batch(&data, {.seed = 0, .step = step}, 8, 16), step).loss);
+    EXPECT_LT(l.back(), l.front());
+  }
+  for (size_t m = 1; m < losses.size(); ++m)
+    for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[m][i], losses[0][i], 1e-6 * losses[0][i]);
+  const MaxTextConfig ds = config("deepseek3-tiny");
+  EXPECT_THAT([&] { models::Trainer(rt, ModelConfig{.config = ds, .source = "ds"}, Mesh::parse("data=1"), ds.rules, {}); },
+              ThrowsMessage<ValueError>(HasSubstr("no forward pass")));
+}
+
+}  // namespace
+}  // namespace tessel
