@@ -35,12 +35,18 @@ LogicalRules model_rules(const ModelConfig& model, const ModelArgs& args, const 
 
 Mesh model_mesh(const ModelConfig& model, const std::string& mesh, const LogicalRules& rules,
                 std::optional<int64_t> devices) {
-  if (!mesh.empty()) return Mesh::parse(mesh, rules.mesh_axes());
   const auto* m = std::get_if<MaxTextConfig>(&model.config);
+  if (!mesh.empty()) {
+    Mesh out = Mesh::parse(mesh, rules.mesh_axes());
+    if (m) m->check_mesh(out);
+    return out;
+  }
   if (!m) throw ValueError("give --mesh, e.g. --mesh data=2,fsdp=4");
   if (!devices)
     throw ValueError("give --mesh, or --devices N to build MaxText's mesh from the config's ici_*/dcn_* parallelism");
-  return m->mesh(*devices);
+  Mesh out = m->mesh(*devices);
+  m->check_mesh(out);
+  return out;
 }
 
 }  // namespace tessel::cli

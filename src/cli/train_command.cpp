@@ -18,6 +18,7 @@
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
+#include "tessel/models/maxtext.h"
 #include "tessel/models/train.h"
 #include "tessel/runtime/process_group.h"
 #include "tessel/sharding/rules_io.h"
@@ -38,7 +39,7 @@ mlp: 512
 
 struct TrainArgs {
   ModelArgs model;
-  std::string mesh = "data=2,fsdp=2,tensor=2", data, checkpoint_dir, metrics, optimizer = "adamw";
+  std::string mesh = "data=2,fsdp=2,tensor=2", layout = "tessel", data, checkpoint_dir, metrics, optimizer = "adamw";
   int64_t steps = 300, batch = 16, seq = 128, warmup = 20, checkpoint_every = 0, log_every = 10, keep = 3;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
   uint64_t seed = 0;
@@ -91,7 +92,7 @@ nlohmann::json configuration(const TrainArgs& a) {
                    {"base", a.model.base},   {"base_file", file_digest(a.model.base)}, {"set", a.model.sets},
                    {"rules", a.model.rules},   {"rules_file", file_digest(a.model.rules)},
                    {"mesh", a.mesh},     {"data", a.data}, {"data_file", file_digest(data)},
-                   {"checkpoint_dir", a.checkpoint_dir}, {"optimizer", a.optimizer},
+                   {"checkpoint_dir", a.checkpoint_dir}, {"layout", a.layout}, {"optimizer", a.optimizer},
                    {"steps", a.steps},   {"batch", a.batch}, {"seq", a.seq}, {"warmup", a.warmup},
                    {"checkpoint_every", a.checkpoint_every}, {"keep", a.keep}, {"lr", a.lr}, {"clip", a.clip},
                    {"weight_decay", a.weight_decay}, {"seed", a.seed}, {"resume", a.resume},
@@ -175,12 +176,23 @@ void train(const TrainArgs& a) {
   // Everything that can fail on bad input happens before the first line of output.
   std::string resumed;
 
+  const bool maxtext_layout = a.layout == "maxtext";
+  if (maxtext_layout && a.optimizer != "adamw")
+    throw ValueError("--layout maxtext saves MaxText's TrainState, whose opt_state is AdamW's: use --optimizer adamw");
+  if (const auto* m = std::get_if<MaxTextConfig>(&model.config); m && m->mu_dtype != m->weight_dtype)
+    throw ValueError(fmt::format("mu_dtype {} differs from weight_dtype {}: tessel's AdamW keeps its moments in the "
+                                 "parameters' dtype", name(m->mu_dtype), name(m->weight_dtype)));
   std::optional<CheckpointManager> ckpt;
   if (!a.checkpoint_dir.empty()) {
     CheckpointManagerOptions options;
     options.max_to_keep = a.keep;
     options.save.rules = rules;  // a restore onto another mesh resolves the logical axes with them
     apply_storage(a.storage, options.save);
+    if (maxtext_layout) {
+      options.item_name = kMaxTextItem;
+      options.save.sequence_nodes.insert(kMaxTextSequenceNode);
+      options.save.empty_nodes.insert(kMaxTextEmptyNode);
+    }
     ckpt.emplace(rt, a.checkpoint_dir, options);
   }
   State state;
@@ -189,10 +201,20 @@ void train(const TrainArgs& a) {
   const std::optional<int64_t> latest = ckpt ? ckpt->latest_step() : std::nullopt;
   if (a.resume && latest) {
     const auto t0 = std::chrono::steady_clock::now();
-    state = ckpt->restore(rt, *latest, abstract);
-    const std::string json = ckpt->restore_json(*latest, "data");
-    position = nn::DataPosition::from_json(json, data ? &*data : nullptr);
     start = *latest;
+    if (maxtext_layout) {
+      int64_t saved = 0;
+      state = from_maxtext_layout(ckpt->restore(rt, *latest, maxtext_layout_target(abstract)), abstract, &saved);
+      if (saved != start)
+        throw ValueError(fmt::format("{}: the TrainState's step is {}, the directory's {}",
+                                     ckpt->step_dir(start).string(), saved, start));
+    } else {
+      state = ckpt->restore(rt, *latest, abstract);
+    }
+    // A MaxText run records no data position: tessel's data order continues from the step.
+    const bool has_position = std::filesystem::exists(ckpt->item_dir(*latest, "data"));
+    position = has_position ? nn::DataPosition::from_json(ckpt->restore_json(*latest, "data"), data ? &*data : nullptr)
+                            : nn::DataPosition{.seed = a.seed, .step = start};
     if (position.step != start) {
       throw ValueError(fmt::format("checkpoint step {} records data position {}: the checkpoint is inconsistent",
                                    start, position.step));
@@ -212,7 +234,12 @@ void train(const TrainArgs& a) {
   auto save = [&](int64_t step) {
     nn::DataPosition at = position;
     at.step = step;
-    ckpt->save_async(step, state, {{"data", at.to_json(data ? &*data : nullptr)}});
+    const std::map<std::string, std::string> items{{"data", at.to_json(data ? &*data : nullptr)}};
+    if (maxtext_layout) {
+      ckpt->save_async(step, to_maxtext_layout(rt, state, step), items);
+    } else {
+      ckpt->save_async(step, state, items);
+    }
   };
   const int64_t end = a.stop_at ? std::min(*a.stop_at, a.steps) : a.steps;
   if (a.steps == 0 || start >= end) {
@@ -297,6 +324,11 @@ void add_train_command(CLI::App& app) {
   c->add_option("--seed", args->seed, "Seed of the parameters and of the data order")->capture_default_str();
   c->add_option("--data", args->data, "Training text (default: /usr/share/common-licenses/GPL-3)");
   c->add_option("--checkpoint-dir", args->checkpoint_dir, "Save checkpoints here (Orbax layout)");
+  c->add_option("--layout", args->layout,
+                "Checkpoint layout: tessel (the train state as item 'default') or maxtext (MaxText's TrainState as "
+                "item 'items': params/params/..., opt_state/0/{count,mu,nu}, step)")
+      ->check(CLI::IsMember({"tessel", "maxtext"}))
+      ->capture_default_str();
   c->add_option("--checkpoint-every", args->checkpoint_every, "Save every K steps (and always at the end)");
   c->add_option("--keep", args->keep, "Checkpoints to keep")->capture_default_str();
   c->add_flag("--resume", args->resume, "Continue from the latest checkpoint, on the mesh given now");

@@ -225,6 +225,19 @@ TEST(MaxText, MeshFromTheIciParallelism) {
               ThrowsMessage<ValueError>(HasSubstr("multiplies to 4, not the 8 devices per slice")));
 }
 
+TEST(MaxText, KvHeadsMustSplitEvenlyOverTheAxesThatShardThem) {
+  const MaxTextConfig c = config("llama3.1-8b");  // 8 kv heads; kv_heads -> tensor, tensor_sequence, autoregressive
+  c.check_mesh(Mesh::parse("fsdp=4,tensor=8", c.rules.mesh_axes()));
+  EXPECT_THAT([&] { c.check_mesh(Mesh::parse("tensor=16", c.rules.mesh_axes())); },
+              ThrowsMessage<ShardingError>(HasSubstr("num_kv_heads (8) must be divisible by 16")));
+  EXPECT_THAT([&] { c.check_mesh(Mesh::parse("tensor=4,tensor_sequence=4", c.rules.mesh_axes())); },
+              ThrowsMessage<ShardingError>(HasSubstr("divisible by 16")));
+  const MaxTextConfig ulysses = config("llama3.1-8b", {"context_parallel_strategy=ulysses"});
+  EXPECT_THAT([&] { ulysses.check_mesh(Mesh::parse("context=4,tensor=4", c.rules.mesh_axes())); },
+              ThrowsMessage<ShardingError>(HasSubstr("divisible by 16")));
+  config("deepseek3-tiny").check_mesh(Mesh::parse("tensor=8"));  // MLA: no kv kernel to check
+}
+
 TEST(MaxText, TinyQwen3TrainsWithTheSameLossesOnAnyMesh) {
   Runtime rt = Runtime::host(8);
   const std::vector<std::string> tiny = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",

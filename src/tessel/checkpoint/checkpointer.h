@@ -41,6 +41,9 @@ struct SaveOptions {
   // The tree's nodes that are lists or tuples ('/'-joined paths; "" is the root): their children's
   // keys are recorded as sequence indices, so Orbax rebuilds lists. Every other node is a dict.
   std::set<std::string> sequence_nodes;
+  // Nodes without leaves ('/'-joined paths), recorded as Orbax records empty nodes (optax's
+  // EmptyState in an optimizer chain), so Orbax restores the tree's full structure.
+  std::set<std::string> empty_nodes;
 };
 
 struct HostLeaf;

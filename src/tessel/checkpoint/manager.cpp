@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kDefaultItem = "default";
 constexpr const char* kJsonFile = "metadata";  // Orbax's JsonCheckpointHandler file name
 
 }  // namespace
@@ -38,6 +37,7 @@ CheckpointManager::CheckpointManager(const Runtime& rt, fs::path root, Checkpoin
 void CheckpointManager::open() {
   if (options_.max_to_keep && *options_.max_to_keep < 1) throw ValueError("max_to_keep must be at least 1");
   if (options_.keep_period && *options_.keep_period < 1) throw ValueError("keep_period must be at least 1");
+  detail::child_path(root_, options_.item_name, "item name");
   if (options_.read_only) {
     if (!fs::is_directory(root_)) throw IoError("'" + root_.string() + "' is not a checkpoint directory");
     return;
@@ -108,7 +108,7 @@ void CheckpointManager::check_request(int64_t step, const std::map<std::string, 
     throw ValueError("step " + std::to_string(step) + " already exists in '" + root_.string() + "'");
   }
   for (const auto& [name, text] : json_items) {
-    if (name == kDefaultItem) throw ValueError("the item name 'default' is the state's own");
+    if (name == options_.item_name) throw ValueError("the item name '" + name + "' is the state's own");
     detail::child_path(root_, name, "item name");
     json_util::parse(text, "item '" + name + "'");
   }
@@ -126,12 +126,13 @@ void CheckpointManager::write_step(int64_t step, const StagedState& staged,
   const int64_t init = detail::now_ns();
   const fs::path final_dir = step_dir(step);
   const fs::path tmp = fs::path(final_dir) += detail::kTmpSuffix;
-  const fs::path state_tmp = (tmp / kDefaultItem) += detail::kTmpSuffix;
+  const std::string& item = options_.item_name;
+  const fs::path state_tmp = (tmp / item) += detail::kTmpSuffix;
   const std::string where = "saving step " + std::to_string(step) + " to '" + root_.string() + "'";
   run_together(g, where, [&] {
     if (!g.is_leader()) return;
     detail::begin_tmp_dir(final_dir);
-    detail::begin_tmp_dir(tmp / kDefaultItem);
+    detail::begin_tmp_dir(tmp / item);
   });
   const std::vector<std::string> crcs =
       gather_together(g, where, [&] { return detail::write_item_blocks(state_tmp, staged, options_.save, g.index()); });
@@ -139,8 +140,8 @@ void CheckpointManager::write_step(int64_t step, const StagedState& staged,
   run_together(g, where, [&] {
     if (!g.is_leader()) return;
     detail::finish_item(state_tmp, staged, options_.save, crcs);
-    detail::commit_tmp_dir(state_tmp, tmp / kDefaultItem, durable);
-    std::map<std::string, std::string> handlers{{kDefaultItem, detail::kPyTreeHandler}};
+    detail::commit_tmp_dir(state_tmp, tmp / item, durable);
+    std::map<std::string, std::string> handlers{{item, detail::kPyTreeHandler}};
     for (const auto& [name, text] : json_items) {
       const fs::path item_tmp = detail::begin_tmp_dir(tmp / name);
       detail::write_file(item_tmp / kJsonFile, text, durable);
@@ -201,7 +202,7 @@ State CheckpointManager::restore(const Runtime& rt, int64_t step, const State& t
   if (!fs::is_directory(step_dir(step))) {
     throw ValueError("no step " + std::to_string(step) + " in '" + root_.string() + "'");
   }
-  return tessel::restore(rt, item_dir(step), target, options, stats);
+  return tessel::restore(rt, item_dir(step, options_.item_name), target, options, stats);
 }
 
 std::string CheckpointManager::restore_json(int64_t step, const std::string& item) {

@@ -35,6 +35,8 @@ struct CheckpointManagerOptions {
   std::optional<int64_t> keep_period;  // and keep every step divisible by this
   SaveOptions save;
   bool read_only = false;  // no lock, no cleanup; save() is refused
+  // The state's PyTree item: Orbax's single-item "default", or a name such as MaxText's "items".
+  std::string item_name = "default";
 };
 
 class CheckpointManager {

@@ -420,8 +420,9 @@ ItemMetadata read_item_metadata(const fs::path& item_dir) {
 
 namespace detail {
 
-std::string tree_metadata_json(const std::vector<ParamRecord>& params, const Mesh& mesh,
-                               const std::optional<LogicalRules>& rules, bool use_ocdbt, bool use_zarr3) {
+std::string tree_metadata_json(const std::vector<ParamRecord>& params, const std::vector<EmptyNode>& empty_nodes,
+                               const Mesh& mesh, const std::optional<LogicalRules>& rules, bool use_ocdbt,
+                               bool use_zarr3) {
   Json tree = Json::object();
   Json tessel_params = Json::object();
   for (const auto& p : params) {
@@ -436,6 +437,12 @@ std::string tree_metadata_json(const std::vector<ParamRecord>& params, const Mes
     for (const auto& [key, value] : p.crc32c) crc[key] = value;
     tp["crc32c"] = std::move(crc);
     tessel_params[p.name] = std::move(tp);
+  }
+  for (const EmptyNode& e : empty_nodes) {
+    Json keys = Json::array();
+    for (size_t i = 0; i < e.keys.size(); ++i) keys.push_back({{"key", e.keys[i]}, {"key_type", e.key_types.at(i)}});
+    tree[python_tuple(e.keys)] = {{"key_metadata", keys},
+                                  {"value_metadata", {{"value_type", "None"}, {"skip_deserialize", true}}}};
   }
   Json tessel{{"version", 1}, {"mesh", mesh_json(mesh)}, {"rules", rules ? rules_json(*rules) : Json()},
               {"params", std::move(tessel_params)}};

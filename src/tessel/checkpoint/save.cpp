@@ -147,6 +147,27 @@ struct ItemLayout {
   std::vector<ZarrArray> zarrs;
 };
 
+// Orbax's key type of each key: a sequence index under the sequence nodes, else a dict key.
+std::vector<int> key_types(const std::vector<std::string>& keys, const SaveOptions& options) {
+  std::vector<int> out;
+  std::string node;  // the path of the node each key belongs to
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out.push_back(options.sequence_nodes.contains(node) ? kSequenceKey : kDictKey);
+    node += (i ? "/" : "") + keys[i];
+  }
+  return out;
+}
+
+std::vector<EmptyNode> empty_nodes_of(const SaveOptions& options) {
+  std::vector<EmptyNode> out;
+  for (const std::string& path : options.empty_nodes) {
+    std::vector<std::string> keys = split_path(path);
+    std::vector<int> types = key_types(keys, options);
+    out.push_back({std::move(keys), std::move(types)});
+  }
+  return out;
+}
+
 ItemLayout layout_of(const fs::path& item_dir, const StagedState& staged, const SaveOptions& options) {
   static_assert(std::endian::native == std::endian::little, "stored indexes are little endian");
   if (options.max_chunk_bytes < 1) throw ValueError("max_chunk_bytes must be positive");
@@ -157,12 +178,8 @@ ItemLayout layout_of(const fs::path& item_dir, const StagedState& staged, const 
   std::map<std::string, std::string> names;  // stored name -> path
   for (const auto& p : staged.impl().params) {
     ParamRecord r{p.path, split_path(p.path), {}, {}, {}, {}, p.sharding, p.kind, p.partitioning, {}};
-    std::string node;  // the path of the node each key belongs to
-    for (size_t i = 0; i < r.keys.size(); ++i) {
-      r.name += (i ? "." : "") + r.keys[i];
-      r.key_types.push_back(options.sequence_nodes.contains(node) ? kSequenceKey : kDictKey);
-      node += (i ? "/" : "") + r.keys[i];
-    }
+    r.key_types = key_types(r.keys, options);
+    for (size_t i = 0; i < r.keys.size(); ++i) r.name += (i ? "." : "") + r.keys[i];
     if (auto [it, fresh] = names.emplace(r.name, p.path); !fresh) {
       throw ValueError("cannot save both '" + it->second + "' and '" + p.path + "': both would be stored as '" +
                        r.name + "' (Orbax joins path keys with '.')");
@@ -268,7 +285,8 @@ void write_item_metadata(const fs::path& item_dir, const std::vector<ParamRecord
   fs::create_directory(item_dir / "array_metadatas");
   write_file(item_dir / "array_metadatas" / "process_0", array_metadatas_json(records), options.durable);
   if (options.durable) sync_directory(item_dir / "array_metadatas");
-  write_file(item_dir / "_METADATA", tree_metadata_json(records, mesh, options.rules, options.use_ocdbt, options.use_zarr3),
+  write_file(item_dir / "_METADATA", tree_metadata_json(records, empty_nodes_of(options), mesh, options.rules, options.use_ocdbt,
+                                                       options.use_zarr3),
              options.durable);
   if (options.durable) sync_directory(item_dir);
 }

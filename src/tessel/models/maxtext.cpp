@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -10,6 +11,8 @@
 #include "tessel/detail/json_util.h"
 #include "tessel/detail/text_util.h"
 #include "tessel/models/detail/maxtext_layers.h"
+#include "tessel/nn/optimizer.h"
+#include "tessel/runtime/array.h"
 #include "tessel/ops/ops.h"
 #include "tessel/sharding/detail/spec_json.h"
 
@@ -114,6 +117,10 @@ Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor&
 std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& c, const State& state) {
   if (c.opt_type != "adamw")
     throw ValueError(fmt::format("opt_type '{}': tessel builds MaxText's TrainState for adamw only", c.opt_type));
+  return maxtext_train_state(state, c.mu_dtype);
+}
+
+std::vector<MaxTextStateEntry> maxtext_train_state(const State& state, std::optional<DType> mu_dtype) {
   struct Leaf {
     std::vector<std::string> parts;
     const Variable* v;
@@ -143,9 +150,65 @@ std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& c, const
   counter(".step", "step");
   tree(".params", "params", "", std::nullopt);
   counter(".opt_state/[0]/.count", "opt_state/0/count");
-  tree(".opt_state/[0]/.mu", "opt_state/0/mu", "opt_state/mu/", c.mu_dtype);
+  tree(".opt_state/[0]/.mu", "opt_state/0/mu", "opt_state/mu/", mu_dtype);
   tree(".opt_state/[0]/.nu", "opt_state/0/nu", "opt_state/nu/", std::nullopt);
   counter(".opt_state/[2]/.count", "opt_state/2/count");
+  return out;
+}
+
+State to_maxtext_layout(const Runtime& rt, const State& train_state, int64_t step) {
+  if (step < 0 || step > std::numeric_limits<int32_t>::max())
+    throw ValueError(fmt::format("step {} does not fit MaxText's int32 step counter", step));
+  State out;
+  const int32_t value = static_cast<int32_t>(step);
+  for (const MaxTextStateEntry& e : maxtext_train_state(train_state)) {
+    if (e.tessel_path.empty()) {
+      if (!e.sharding) throw ValueError("the train state has no sharding to place the step counters on");
+      out.insert(e.orbax_path, Variable(nn::kOptState, device_put(rt, HostArray::from<int32_t>(Shape{}, {value}),
+                                                                  *e.sharding, e.orbax_path)));
+      continue;
+    }
+    if (!train_state.contains(e.tessel_path))
+      throw ValueError(fmt::format("MaxText's layout holds AdamW's state: the train state has no '{}' (train with "
+                                   "--optimizer adamw)", e.tessel_path));
+    out.insert(e.orbax_path, train_state.at(e.tessel_path));
+  }
+  return out;
+}
+
+State maxtext_layout_target(const State& abstract) {
+  State out;
+  for (const MaxTextStateEntry& e : maxtext_train_state(abstract)) {
+    if (e.tessel_path.empty()) {
+      out.insert(e.orbax_path, Variable::abstract(nn::kOptState, Shape{}, DType::kI32, e.sharding));
+    } else {
+      if (!abstract.contains(e.tessel_path))
+        throw ValueError(fmt::format("MaxText's layout holds AdamW's state: the train state has no '{}'", e.tessel_path));
+      out.insert(e.orbax_path, abstract.at(e.tessel_path).to_abstract());
+    }
+  }
+  return out;
+}
+
+State from_maxtext_layout(const State& restored, const State& abstract, int64_t* step) {
+  State out;
+  std::optional<int64_t> saved;
+  for (const MaxTextStateEntry& e : maxtext_train_state(abstract)) {
+    if (!restored.contains(e.orbax_path))
+      throw ValueError(fmt::format("the checkpoint's TrainState has no '{}'", e.orbax_path));
+    const Variable& v = restored.at(e.orbax_path);
+    if (!e.tessel_path.empty()) {
+      out.insert(e.tessel_path, v);
+      continue;
+    }
+    const HostArray host = to_host(v.array(e.orbax_path));
+    if (host.shape() != Shape{} || (host.dtype() != DType::kI32 && host.dtype() != DType::kI64))
+      throw ValueError(fmt::format("the checkpoint's '{}' is {}, not an integer scalar", e.orbax_path,
+                                   type_string(host.dtype(), host.shape())));
+    const int64_t n = host.dtype() == DType::kI32 ? host.values<int32_t>()[0] : host.values<int64_t>()[0];
+    if (e.orbax_path == "step") saved = n;
+  }
+  if (step) *step = saved.value_or(0);
   return out;
 }
 

@@ -1,5 +1,7 @@
 #include "tessel/models/maxtext_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -230,6 +232,27 @@ Mesh MaxTextConfig::mesh(int64_t devices) const {
   return Mesh(std::move(axes));
 }
 
+void MaxTextConfig::check_mesh(const Mesh& mesh) const {
+  if (is_mla()) return;  // MLA's projections have no key/value kernel of their own
+  const PartitionSpec spec = rules.logical_to_mesh_axes({"embed", "kv_heads", "kv_head_dim"}, "the key kernel");
+  std::vector<std::string> axes(spec[1].begin(), spec[1].end());
+  std::string lowered = context_parallel_strategy;
+  for (char& ch : lowered) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lowered == "ulysses" && std::find(axes.begin(), axes.end(), context_sharding) == axes.end())
+    axes.push_back(context_sharding);
+  int64_t ways = 1;
+  std::string names;
+  for (const std::string& a : axes) {
+    ways *= mesh.has_axis(a) ? mesh.axis_size(a) : 1;
+    names += (names.empty() ? "" : ", ") + a;
+  }
+  if (num_kv_heads % ways != 0)
+    throw ShardingError(fmt::format(
+        "num_kv_heads ({}) must be divisible by {}, the combined size of the mesh axes [{}] that shard KV heads on {}: "
+        "attention heads are atomic under tensor parallelism (reduce those axes, raise base_num_kv_heads, or move the "
+        "parallelism to fsdp)", num_kv_heads, ways, names, mesh.to_string()));
+}
+
 MaxTextConfig load_maxtext_config(const MaxTextSources& in) {
   const std::string base_name = in.base.string();
   const YAML::Node base = load_map(in.base);
@@ -332,6 +355,8 @@ MaxTextConfig load_maxtext_config(const MaxTextSources& in) {
   c.qk_rope_head_dim = s.integer("qk_rope_head_dim");
   c.v_head_dim = s.integer("v_head_dim");
   c.opt_type = s.str("opt_type");
+  if (s.has("context_parallel_strategy")) c.context_parallel_strategy = s.str("context_parallel_strategy");
+  if (s.has("context_sharding")) c.context_sharding = s.str("context_sharding");
 
   c.mesh_axes = mesh_axes;
   if (c.mesh_axes.empty()) throw ValueError(source + ": no mesh_axes");

@@ -64,6 +64,7 @@ struct MaxTextConfig {
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   // Optimizer (for the TrainState and the plan).
   std::string opt_type = "adamw";
+  std::string context_parallel_strategy = "all_gather", context_sharding = "context";
   // Rules and mesh.
   LogicalRules rules;
   std::vector<std::string> mesh_axes;
@@ -77,6 +78,10 @@ struct MaxTextConfig {
   // ici * dcn, one -1 per kind filled with what is left. Throws ValueError when the sizes do not
   // multiply to the device count.
   Mesh mesh(int64_t devices) const;
+  // MaxText's checks of the config against a mesh (Attention._validate_kv_head_sharding): the
+  // mesh axes that shard kv_heads (by the rules, and the context axis under Ulysses) must divide
+  // num_kv_heads, as attention heads are atomic. Throws ShardingError naming the axes.
+  void check_mesh(const Mesh& mesh) const;
 };
 
 MaxTextConfig load_maxtext_config(const MaxTextSources& sources);

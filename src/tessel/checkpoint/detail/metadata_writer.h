@@ -27,9 +27,17 @@ struct ParamRecord {
   std::map<std::string, uint32_t> crc32c;
 };
 
+// A node of the tree with no leaves (optax's EmptyState, an empty dict): Orbax records it with
+// value_type "None" and skip_deserialize, so a restore rebuilds the tree's structure.
+struct EmptyNode {
+  std::vector<std::string> keys;
+  std::vector<int> key_types;
+};
+
 // `_METADATA`; use_ocdbt and use_zarr3 say how the arrays are stored, as Orbax records it.
-std::string tree_metadata_json(const std::vector<ParamRecord>& params, const Mesh& mesh,
-                               const std::optional<LogicalRules>& rules, bool use_ocdbt, bool use_zarr3);
+std::string tree_metadata_json(const std::vector<ParamRecord>& params, const std::vector<EmptyNode>& empty_nodes,
+                               const Mesh& mesh, const std::optional<LogicalRules>& rules, bool use_ocdbt,
+                               bool use_zarr3);
 std::string sharding_json(const std::vector<ParamRecord>& params);
 std::string array_metadatas_json(const std::vector<ParamRecord>& params);
 // `_CHECKPOINT_METADATA`: item_handlers is a handler name or {item: handler}; `commit_ns` 0
