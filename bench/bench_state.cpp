@@ -12,6 +12,7 @@
 #include "tessel/runtime/device.h"
 #include "tessel/sharding/logical_rules.h"
 #include "tessel/state/init.h"
+#include "tessel/models/maxtext.h"
 #include "tessel/models/transformer.h"
 #include "tessel/state/plan.h"
 
@@ -89,6 +90,42 @@ void BM_EvalShapePlan1000(benchmark::State& state) {
   state.counters["params"] = static_cast<double>(model.num_params());
 }
 BENCHMARK(BM_EvalShapePlan1000)->Unit(benchmark::kMillisecond);
+
+// MaxText's largest models from their own files on 8192 devices (ici_fsdp_parallelism -1).
+const char* const kMaxTextModels[] = {"deepseek3-671b", "llama3.1-405b"};
+
+MaxTextConfig maxtext(int64_t which) {
+  const std::string dir = std::string(TESSEL_TESTDATA_DIR) + "/maxtext/";
+  return load_maxtext_config({.model = dir + "models/" + kMaxTextModels[which] + ".yml", .base = dir + "base.yml"});
+}
+
+// Reading base.yml (1400 lines) and the model file, merging, deriving.
+void BM_MaxTextConfig(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(maxtext(state.range(0)));
+  state.SetLabel(kMaxTextModels[state.range(0)]);
+}
+BENCHMARK(BM_MaxTextConfig)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// The parameter tree and eval_shape with shardings on the 8192-device mesh (the peer's work).
+void BM_MaxTextEvalShape8192(benchmark::State& state) {
+  const MaxTextConfig c = maxtext(state.range(0));
+  const Mesh m = c.mesh(8192);
+  for (auto _ : state) benchmark::DoNotOptimize(eval_shape(maxtext_model(c), m, c.rules));
+  state.SetLabel(kMaxTextModels[state.range(0)]);
+}
+BENCHMARK(BM_MaxTextEvalShape8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// The same and the AdamW plan (bytes per device over all 8192 devices).
+void BM_MaxTextEvalShapePlan8192(benchmark::State& state) {
+  const MaxTextConfig c = maxtext(state.range(0));
+  const Mesh m = c.mesh(8192);
+  for (auto _ : state) {
+    MemoryPlan p = plan(eval_shape(maxtext_model(c), m, c.rules), {.optimizer = Optimizer::kAdamW});
+    benchmark::DoNotOptimize(p);
+  }
+  state.SetLabel(kMaxTextModels[state.range(0)]);
+}
+BENCHMARK(BM_MaxTextEvalShapePlan8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
