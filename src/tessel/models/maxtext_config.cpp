@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <set>
 
@@ -103,11 +104,20 @@ class Settings {
   std::map<std::string, Setting> values_;
 };
 
-YAML::Node load_map(const std::filesystem::path& file) {
-  YAML::Node root = yaml_util::load(file_util::read_text(file), file.string());
+YAML::Node load_map(std::string_view text, const std::string& source) {
+  YAML::Node root = yaml_util::load(text, source);
   if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap()) fail(file.string(), root, "a MaxText config must be a map of key: value");
+  if (!root.IsMap()) fail(source, root, "a MaxText config must be a map of key: value");
+  for (const auto& item : root)
+    if (!item.first.IsScalar()) fail(source, item.first, "keys must be names");
   return root;
+}
+
+// base * 2^shift, refused when it leaves int64 (a size no machine holds anyway).
+int64_t scaled(int64_t base, int64_t shift, const std::string& key) {
+  if (base > (std::numeric_limits<int64_t>::max() >> shift) || base < -(int64_t{1} << 40))
+    throw ValueError(fmt::format("MaxText config: {} = {} is out of range", key, base));
+  return base * (int64_t{1} << shift);
 }
 
 // Rules merged as pyconfig's _merge_logical_axis_rules: the new list's names replace the old
@@ -254,11 +264,19 @@ void MaxTextConfig::check_mesh(const Mesh& mesh) const {
 }
 
 MaxTextConfig load_maxtext_config(const MaxTextSources& in) {
-  const std::string base_name = in.base.string();
-  const YAML::Node base = load_map(in.base);
+  const std::string base_text = file_util::read_text(in.base);
+  const std::string model_text = in.model.empty() ? std::string() : file_util::read_text(in.model);
+  return parse_maxtext_config(base_text, model_text, in.overrides, in.base.string(),
+                              in.model.empty() ? std::string() : in.model.string(), in.rules);
+}
+
+MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view model_text,
+                                   const std::vector<std::string>& overrides, const std::string& base_name,
+                                   const std::string& model_file, const std::optional<std::filesystem::path>& rules_file) {
+  const YAML::Node base = load_map(base_text, base_name);
   Settings s;
   for (const auto& item : base) s.set(item.first.Scalar(), item.second, base_name);
-  std::vector<LogicalRule> rules = parse_rules_yaml(file_util::read_text(in.base), base_name).rules();
+  std::vector<LogicalRule> rules = parse_rules_yaml(base_text, base_name).rules();
   std::vector<std::string> mesh_axes = s.has("mesh_axes") ? s.strings("mesh_axes") : std::vector<std::string>{};
 
   std::string source = base_name;
@@ -272,13 +290,13 @@ MaxTextConfig load_maxtext_config(const MaxTextSources& in) {
     }
     s.set(key, value, from);
   };
-  if (!in.model.empty()) {
-    const YAML::Node model = load_map(in.model);
-    for (const auto& item : model) apply(item.first.Scalar(), item.second, in.model.string(), item.first);
-    source += " + " + in.model.string();
-    model_name = in.model.stem().string();
+  if (!model_file.empty()) {
+    const YAML::Node model = load_map(model_text, model_file);
+    for (const auto& item : model) apply(item.first.Scalar(), item.second, model_file, item.first);
+    source += " + " + model_file;
+    model_name = std::filesystem::path(model_file).stem().string();
   }
-  for (const std::string& o : in.overrides) {
+  for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     const std::string where = "--set " + o;
     if (eq == std::string::npos || eq == 0)
@@ -287,13 +305,13 @@ MaxTextConfig load_maxtext_config(const MaxTextSources& in) {
     const YAML::Node value = yaml_util::load(o.substr(eq + 1), where);
     apply(key, value, where, value);
   }
-  if (!in.overrides.empty()) source += fmt::format(" + {} override{}", in.overrides.size(), in.overrides.size() == 1 ? "" : "s");
-  if (in.rules) {
+  if (!overrides.empty()) source += fmt::format(" + {} override{}", overrides.size(), overrides.size() == 1 ? "" : "s");
+  if (rules_file) {
     // A custom mesh-and-rule file replaces both lists, as MaxText's custom_mesh_and_rule does.
-    const LogicalRules custom = load_rules(*in.rules);
+    const LogicalRules custom = load_rules(*rules_file);
     rules = custom.rules();
     if (!custom.mesh_axes().empty()) mesh_axes = custom.mesh_axes();
-    source += " + rules " + in.rules->string();
+    source += " + rules " + rules_file->string();
   }
 
   // What tessel does not build, refused by name rather than built differently.
@@ -315,12 +333,12 @@ MaxTextConfig load_maxtext_config(const MaxTextSources& in) {
                                          join(supported_blocks())));
   }
   const auto [emb_scale, head_scale, mlp_scale, layer_scale] = individual_scales(s.integer("global_parameter_scale"));
-  c.emb_dim = (int64_t{1} << emb_scale) * s.integer("base_emb_dim");
-  c.num_query_heads = (int64_t{1} << head_scale) * s.integer("base_num_query_heads");
-  c.num_kv_heads = (int64_t{1} << head_scale) * s.integer("base_num_kv_heads");
-  c.mlp_dim = (int64_t{1} << mlp_scale) * s.integer("base_mlp_dim");
-  c.moe_mlp_dim = (int64_t{1} << mlp_scale) * s.integer("base_moe_mlp_dim");
-  c.num_decoder_layers = (int64_t{1} << layer_scale) * s.integer("base_num_decoder_layers");
+  c.emb_dim = scaled(s.integer("base_emb_dim"), emb_scale, "base_emb_dim");
+  c.num_query_heads = scaled(s.integer("base_num_query_heads"), head_scale, "base_num_query_heads");
+  c.num_kv_heads = scaled(s.integer("base_num_kv_heads"), head_scale, "base_num_kv_heads");
+  c.mlp_dim = scaled(s.integer("base_mlp_dim"), mlp_scale, "base_mlp_dim");
+  c.moe_mlp_dim = scaled(s.integer("base_moe_mlp_dim"), mlp_scale, "base_moe_mlp_dim");
+  c.num_decoder_layers = scaled(s.integer("base_num_decoder_layers"), layer_scale, "base_num_decoder_layers");
   c.head_dim = s.integer("head_dim");
   c.vocab_size = s.integer("vocab_size");
   c.mlp_activations = s.strings("mlp_activations");
@@ -380,6 +398,18 @@ MaxTextConfig load_maxtext_config(const MaxTextSources& in) {
                          {"base_mlp_dim", c.mlp_dim}, {"base_num_decoder_layers", c.num_decoder_layers},
                          {"vocab_size", c.vocab_size}})
     check(v > 0, src, fmt::format("{} must be positive, got {}", name, v));
+  // Every size below 2^31, so the products and sums the layers form stay far inside int64.
+  constexpr int64_t kMaxSize = int64_t{1} << 31;
+  for (auto [name, v] : {std::pair{"base_emb_dim", c.emb_dim}, {"base_num_query_heads", c.num_query_heads},
+                         {"base_num_kv_heads", c.num_kv_heads}, {"head_dim", c.head_dim}, {"base_mlp_dim", c.mlp_dim},
+                         {"base_moe_mlp_dim", c.moe_mlp_dim}, {"base_num_decoder_layers", c.num_decoder_layers},
+                         {"vocab_size", c.vocab_size}, {"num_experts", c.num_experts},
+                         {"num_experts_per_tok", c.num_experts_per_tok}, {"shared_experts", c.shared_experts},
+                         {"first_num_dense_layers", c.first_num_dense_layers}, {"q_lora_rank", c.q_lora_rank},
+                         {"kv_lora_rank", c.kv_lora_rank}, {"qk_nope_head_dim", c.qk_nope_head_dim},
+                         {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim},
+                         {"inhomogeneous_layer_cycle_interval", c.inhomogeneous_layer_cycle_interval}})
+    check(v < kMaxSize, src, fmt::format("{} = {} is out of range (at most 2^31 - 1)", name, v));
   check(c.num_query_heads % c.num_kv_heads == 0, src,
         fmt::format("base_num_kv_heads ({}) must divide base_num_query_heads ({})", c.num_kv_heads, c.num_query_heads));
   check(!c.mlp_activations.empty(), src, "mlp_activations must name at least one activation");

@@ -20,6 +20,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessel/core/dtype.h"
@@ -85,6 +86,12 @@ struct MaxTextConfig {
 };
 
 MaxTextConfig load_maxtext_config(const MaxTextSources& sources);
+// The same from the files' texts (an empty `model_file` name: no model file); the names label
+// messages, and `rules_file` is read from disk.
+MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view model_text,
+                                   const std::vector<std::string>& overrides, const std::string& base_name = "base.yml",
+                                   const std::string& model_file = "model.yml",
+                                   const std::optional<std::filesystem::path>& rules_file = std::nullopt);
 
 // The parameter-shaping keys tessel refuses when set away from base.yml's value, each with the
 // reason; every other key base.yml has (compute, data, mesh, training) is accepted.
