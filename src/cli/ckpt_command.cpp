@@ -18,6 +18,8 @@
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
+#include "tessel/models/maxtext.h"
+#include "tessel/nn/optimizer.h"
 #include "tessel/runtime/cast.h"
 #include "tessel/runtime/device.h"
 #include "tessel/sharding/rules_io.h"
@@ -143,8 +145,10 @@ struct Target {
 // also declare the mesh's axis order.
 Target make_target(const CkptArgs& a, const fs::path& item) {
   std::optional<LogicalRules> rules = a.rules.empty() ? read_item_metadata(item).rules : load_rules(a.rules);
-  const std::string mesh_text = a.mesh.empty() ? "host=1" : a.mesh;
-  Mesh mesh = rules && !rules->mesh_axes().empty() ? Mesh::parse(mesh_text, rules->mesh_axes()) : Mesh::parse(mesh_text);
+  // No --mesh: one device (on the rules' first declared axis, when they declare some).
+  const bool declared = rules && !rules->mesh_axes().empty();
+  const std::string mesh_text = !a.mesh.empty() ? a.mesh : declared ? rules->mesh_axes()[0] + "=1" : "host=1";
+  Mesh mesh = declared ? Mesh::parse(mesh_text, rules->mesh_axes()) : Mesh::parse(mesh_text);
   TargetOptions options;
   options.rules = rules;
   if (!a.shardings.empty()) options.specs = load_target_specs(a.shardings);
@@ -348,6 +352,24 @@ void convert_mapped(const CkptArgs& a, const fs::path& item, const std::string& 
 
 // Orbax <-> safetensors: restored onto --mesh (default one device), optionally cast, then saved in
 // the other format (or the one --to names).
+// The parameters of a train state under MaxText's params/params/ prefix: a MaxText TrainState's
+// own, or a tessel state's leaves other than its optimizer state.
+State maxtext_params_of(const State& saved, const fs::path& item) {
+  const std::string prefix = "params/params/";
+  bool maxtext = false;
+  for (const auto& [path, v] : saved) maxtext = maxtext || path.starts_with(prefix);
+  State out;
+  for (const auto& [path, v] : saved) {
+    if (maxtext) {
+      if (path.starts_with(prefix)) out.insert(path, v);
+    } else if (!path.starts_with("opt_state/") && path != "step" && v.kind() != nn::kOptState) {
+      out.insert(path, v);
+    }
+  }
+  if (out.empty()) throw ValueError(item.string() + " holds no parameters to write");
+  return out;
+}
+
 void convert_command(const CkptArgs& a) {
   const fs::path item = find_item_dir(a.dir, a.step, a.item);
   const bool from_safetensors = read_item_metadata(item).format == StorageFormat::kSafetensors;
@@ -359,8 +381,11 @@ void convert_command(const CkptArgs& a) {
     return;
   }
   Target t = make_target(a, item);
-  if (!a.dtype.empty()) {
-    const DType dtype = parse_dtype(a.dtype);
+  const bool params_only = to == "maxtext-params";
+  if (params_only) t.state = maxtext_params_of(t.state, item);
+  if (!a.dtype.empty() || params_only) {
+    // MaxText's generate_param_only_checkpoint casts to bfloat16.
+    const DType dtype = parse_dtype(a.dtype.empty() ? "bfloat16" : a.dtype);
     State cast;
     for (const auto& [path, v] : t.state)
       cast.insert(path, Variable::abstract(v.kind(), v.shape(), dtype, v.sharding(), v.partitioning()));
@@ -372,11 +397,27 @@ void convert_command(const CkptArgs& a) {
   // Both formats stream: a batch of tensors (at most kBatchBytes, or one larger tensor) is
   // restored, written in place and dropped before the next, so memory stays near the largest tensor.
   constexpr int64_t kBatchBytes = int64_t{128} << 20;
-  const State target = rename_prefixes(t.state, renames);  // checks the renames before anything is written
+  // A tessel state's parameters go under MaxText's params/params/.
+  auto out_path = [&](const std::string& path) {
+    std::string renamed = rename_path(path, renames);
+    return params_only && !renamed.starts_with("params/params/") ? "params/params/" + renamed : renamed;
+  };
+  State target;
+  for (const auto& [path, v] : rename_prefixes(t.state, renames))  // checks the renames before anything is written
+    target.insert(params_only && !path.starts_with("params/params/") ? "params/params/" + path : path, v);
   std::optional<SafetensorsWriter> st;
   std::optional<CheckpointWriter> orbax;
+  const fs::path step_dir = fs::path(a.dst) / "0";
   if (to == "safetensors") {
     st.emplace(a.dst, target, SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+  } else if (params_only) {
+    // MaxText's decode state: TrainState(step=0, params, opt_state={}) as step 0, item "items".
+    if (fs::exists(a.dst)) throw ValueError("'" + a.dst + "' exists: give a new directory");
+    target.insert("step", Variable::abstract(nn::kOptState, Shape{}, DType::kI32, NamedSharding(t.mesh, PartitionSpec{})));
+    SaveOptions options = orbax_options(a, t.rules);
+    options.empty_nodes.insert("opt_state");
+    fs::create_directories(step_dir);
+    orbax.emplace(step_dir / kMaxTextItem, target, options);
   } else {
     orbax.emplace(a.dst, target, orbax_options(a, t.rules));
   }
@@ -389,9 +430,9 @@ void convert_command(const CkptArgs& a) {
     if (batch.empty()) return;
     for (const auto& [path, v] : restore(rt, item, batch, options)) {
       if (st) {
-        st->write(rename_path(path, renames), v.array());
+        st->write(out_path(path), v.array());
       } else {
-        orbax->write(rename_path(path, renames), v.array());
+        orbax->write(out_path(path), v.array());
       }
     }
     batch = State();
@@ -404,13 +445,18 @@ void convert_command(const CkptArgs& a) {
     bytes += v.nbytes();
   }
   flush();
+  if (params_only)
+    orbax->write("step", device_put(rt, HostArray::from<int32_t>(Shape{}, {0}), NamedSharding(t.mesh, PartitionSpec{})));
   if (st) {
     st->commit();
   } else {
     orbax->commit();
   }
+  if (params_only) write_step_metadata(step_dir, {kMaxTextItem});
+  const std::string as = to == "orbax" ? "an Orbax item"
+                         : params_only ? "MaxText's parameter-only checkpoint (step 0, item 'items')" : to;
   std::cout << fmt::format("{} tensors ({}) from {} written as {} to {} in {:.3f} s, peak RSS {}\n", t.state.size(),
-                           text_util::format_bytes(bytes), item.string(), to == "orbax" ? "an Orbax item" : to, a.dst,
+                           text_util::format_bytes(bytes), item.string(), as, a.dst,
                            seconds_since(t0), text_util::format_bytes(peak_rss()));
 }
 
@@ -481,8 +527,11 @@ void add_ckpt_command(CLI::App& app) {
   common(c);
   c->add_option("dst", args->dst, "New directory (must not exist): an Orbax item, or a Hugging Face model directory")
       ->required();
-  c->add_option("--to", args->to, "orbax or safetensors (default: the other format)")
-      ->check(CLI::IsMember({"orbax", "safetensors"}));
+  c->add_option("--to", args->to,
+                 "orbax, safetensors (default: the other format) or maxtext-params: MaxText's parameter-only "
+                 "checkpoint as generate_param_only_checkpoint writes it (DST/0/items: params/params/... in "
+                 "bfloat16 unless --dtype, step, an empty opt_state), from a tessel or MaxText train state")
+      ->check(CLI::IsMember({"orbax", "safetensors", "maxtext-params"}));
   c->add_option("--dtype", args->dtype, "Cast every tensor to this dtype (e.g. bf16, f32)");
   c->add_option("--max-file-mb", args->max_file_mb, "safetensors: files of at most this many MiB, with an index")
       ->check(CLI::NonNegativeNumber);

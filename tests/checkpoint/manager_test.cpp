@@ -47,6 +47,33 @@ TEST(CheckpointManager, KeepsTheNewestStepsAndThePeriodicOnes) {
               ::testing::ThrowsMessage<ValueError>(HasSubstr("no step 5")));
 }
 
+TEST(CheckpointManager, TheStatesItemMayBeNamedAndEmptyNodesRecorded) {
+  Runtime rt = Runtime::host(4);
+  TempDir tmp;
+  CheckpointManagerOptions options{.item_name = "items"};
+  options.save.sequence_nodes = {"opt"};
+  options.save.empty_nodes = {"opt/1"};
+  CheckpointManager m(tmp.path(), options);
+  State s = small_state(rt, 5);
+  s.insert("opt/0/w", s.at("w"));
+  m.save(2, s, {{"data", "{}"}});
+  EXPECT_TRUE(fs::exists(tmp.path() / "2" / "items" / "_METADATA"));
+  EXPECT_FALSE(fs::exists(tmp.path() / "2" / "default"));
+  auto meta = nlohmann::json::parse(testing::read_file(tmp.path() / "2" / "_CHECKPOINT_METADATA"));
+  EXPECT_THAT(meta["item_handlers"]["items"].get<std::string>(), HasSubstr("PyTreeCheckpointHandler"));
+  auto tree = nlohmann::json::parse(testing::read_file(tmp.path() / "2" / "items" / "_METADATA"))["tree_metadata"];
+  const auto& empty = tree["('opt', '1')"];
+  EXPECT_EQ(empty["value_metadata"]["value_type"], "None");
+  EXPECT_EQ(empty["value_metadata"]["skip_deserialize"], true);
+  EXPECT_EQ(empty["key_metadata"][1]["key_type"], 1);  // a sequence index
+  EXPECT_EQ(tree["('opt', '0', 'w')"]["key_metadata"][1]["key_type"], 1);
+  // The empty node holds nothing to restore; the arrays come back as saved.
+  State got = m.restore(rt, 2, target_of(s));
+  EXPECT_EQ(to_host(got.at("opt/0/w").array()), to_host(s.at("w").array()));
+  EXPECT_THROW(m.save(3, s, {{"items", "{}"}}), ValueError);  // the state's own item name
+  EXPECT_THROW(CheckpointManager(tmp.path() / "other", {.item_name = "../up"}), ValueError);
+}
+
 TEST(CheckpointManager, JsonItemsTravelWithTheStep) {
   Runtime rt = Runtime::host(4);
   TempDir tmp;

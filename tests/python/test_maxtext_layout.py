@@ -19,6 +19,7 @@ from jax.sharding import Mesh as JaxMesh
 from jax.sharding import NamedSharding as JaxSharding
 from jax.sharding import PartitionSpec as JP
 
+import tessel
 from conftest import SHARED, cli
 
 MAXTEXT = os.path.join(SHARED, "testdata", "maxtext")
@@ -137,3 +138,50 @@ def test_tessel_resumes_from_a_train_state_orbax_wrote(rng, tmp):
     assert sorted(losses[0]) == [3, 4]
     for step in (3, 4):
         assert abs(losses[0][step] - losses[1][step]) <= 1e-5 * abs(losses[1][step]), (step, losses)
+
+
+def test_parameter_only_checkpoint_restores_into_maxtexts_decode_state(rng, tmp):
+    """`tessel ckpt convert --to maxtext-params` writes what generate_param_only_checkpoint writes:
+    TrainState(step=0, params in bfloat16, opt_state={}) as step 0, item 'items'."""
+    model, args = random_config(rng)
+    mesh = rng.choice(MESHES)
+    print(model, " ".join(args[4:]), mesh)
+    dump = os.path.join(tmp, "dump")
+    run(["plan"] + args + ["--mesh", mesh, "--dump-shardings", dump])
+    full = abstract_train_state(dump)
+    ckpt = os.path.join(tmp, "ckpt")
+    layout = rng.choice(["tessel", "maxtext"])
+    run(["train"] + args + ["--mesh", mesh, "--steps", "1", "--batch", "8", "--seq", "8", "--checkpoint-dir", ckpt,
+                           "--layout", layout])
+    decode = os.path.join(tmp, "decode")
+    run(["ckpt", "convert", ckpt, decode, "--to", "maxtext-params"])
+    assert os.listdir(decode) == ["0"]
+    params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=x.sharding), full.params)
+    target = train_state.TrainState(step=0, apply_fn=None, params=params, tx=None, opt_state={})
+    got = orbax_restore(decode, 0, target)
+    # The trained parameters, rounded to bfloat16: compare with tessel's own restore of them.
+    saved = os.path.join(ckpt, "1", "items" if layout == "maxtext" else "default")
+    want = tessel.checkpoint.restore(saved)
+    flat_got = {"/".join(str(k.key) for k in path): leaf
+                for path, leaf in jax.tree_util.tree_flatten_with_path(got.params["params"])[0]}
+    prefix = "params/params/" if layout == "maxtext" else ""
+    for path, leaf in flat_got.items():
+        ref = np.asarray(_at(want, prefix + path))
+        assert leaf.dtype == jnp.bfloat16 and leaf.shape == ref.shape, path
+        assert np.array_equal(np.asarray(leaf), ref.astype(jnp.bfloat16)), path
+    assert len(flat_got) == len([p for p in _paths(want) if p.startswith(prefix) and not p.startswith("opt_state")
+                                 and p != "step"])
+
+
+def _at(tree, path):
+    for k in path.split("/"):
+        tree = tree[k]
+    return tree
+
+
+def _paths(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _paths(v, prefix + k + "/")
+    else:
+        yield prefix[:-1]

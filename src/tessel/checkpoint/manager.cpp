@@ -34,6 +34,17 @@ CheckpointManager::CheckpointManager(const Runtime& rt, fs::path root, Checkpoin
   open();
 }
 
+void write_step_metadata(const fs::path& step_dir, const std::vector<std::string>& pytree_items) {
+  std::map<std::string, std::string> handlers;
+  for (const std::string& item : pytree_items) {
+    detail::child_path(step_dir, item, "item name");
+    handlers[item] = detail::kPyTreeHandler;
+  }
+  const int64_t now = detail::now_ns();
+  detail::write_file(step_dir / detail::kCheckpointMetadata, detail::checkpoint_metadata_json(handlers, now, now), true);
+  detail::sync_directory(step_dir);
+}
+
 void CheckpointManager::open() {
   if (options_.max_to_keep && *options_.max_to_keep < 1) throw ValueError("max_to_keep must be at least 1");
   if (options_.keep_period && *options_.keep_period < 1) throw ValueError("keep_period must be at least 1");

@@ -39,6 +39,11 @@ struct CheckpointManagerOptions {
   std::string item_name = "default";
 };
 
+// Makes `step_dir` an Orbax CheckpointManager step holding the PyTree items written in it (by
+// CheckpointWriter or save): writes its `_CHECKPOINT_METADATA` naming them, durably. Throws
+// IoError naming the file.
+void write_step_metadata(const std::filesystem::path& step_dir, const std::vector<std::string>& pytree_items);
+
 class CheckpointManager {
  public:
   // Creates `root` unless read_only. Throws IoError when another manager holds the lock.
