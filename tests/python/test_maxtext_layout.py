@@ -94,13 +94,18 @@ def orbax_restore(root, step, target):
         return manager.restore(step, args=ocp.args.Composite(items=args))["items"]
 
 
-def test_orbax_restores_tessels_checkpoint_into_maxtexts_train_state(rng, tmp):
+def planned(rng, tmp):
+    """A random config and mesh, and MaxText's TrainState for them (through tessel's dump)."""
     model, args = random_config(rng)
     mesh = rng.choice(MESHES)
     print(model, " ".join(args[4:]), mesh)
     dump = os.path.join(tmp, "dump")
     run(["plan"] + args + ["--mesh", mesh, "--dump-shardings", dump])
-    target = abstract_train_state(dump)
+    return args, mesh, abstract_train_state(dump)
+
+
+def test_orbax_restores_tessels_checkpoint_into_maxtexts_train_state(rng, tmp):
+    args, mesh, target = planned(rng, tmp)
     ckpt = os.path.join(tmp, "ckpt")
     run(["train"] + args + ["--mesh", mesh, "--steps", "2", "--batch", "8", "--seq", "8", "--checkpoint-dir", ckpt,
                            "--layout", "maxtext"])
@@ -143,12 +148,7 @@ def test_tessel_resumes_from_a_train_state_orbax_wrote(rng, tmp):
 def test_parameter_only_checkpoint_restores_into_maxtexts_decode_state(rng, tmp):
     """`tessel ckpt convert --to maxtext-params` writes what generate_param_only_checkpoint writes:
     TrainState(step=0, params in bfloat16, opt_state={}) as step 0, item 'items'."""
-    model, args = random_config(rng)
-    mesh = rng.choice(MESHES)
-    print(model, " ".join(args[4:]), mesh)
-    dump = os.path.join(tmp, "dump")
-    run(["plan"] + args + ["--mesh", mesh, "--dump-shardings", dump])
-    full = abstract_train_state(dump)
+    args, mesh, full = planned(rng, tmp)
     ckpt = os.path.join(tmp, "ckpt")
     layout = rng.choice(["tessel", "maxtext"])
     run(["train"] + args + ["--mesh", mesh, "--steps", "1", "--batch", "8", "--seq", "8", "--checkpoint-dir", ckpt,
