@@ -5,6 +5,9 @@
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings.h"
 #include "convert.h"
@@ -57,13 +60,39 @@ nb::dict summary_dict(const BytesSummary& s) {
 
 void bind_state(nb::module_& m) {
   nb::class_<ModelConfig>(m, "ModelConfig",
-                          "A model description (tessel's YAML: model: transformer | dot_relu_dot, sizes); "
-                          "build one with tessel.load_model.")
-      .def_prop_ro("family", &ModelConfig::family, "\"transformer\" or \"dot_relu_dot\"")
+                          "A model description: tessel's YAML (model: transformer | dot_relu_dot, sizes), built "
+                          "with tessel.load_model, or one of MaxText's, built with tessel.load_maxtext_model.")
+      .def_prop_ro("family", &ModelConfig::family, "\"transformer\", \"dot_relu_dot\" or \"maxtext:<decoder_block>\"")
+      .def_prop_ro(
+          "rules",
+          [](const ModelConfig& c) -> std::optional<LogicalRules> {
+            if (const auto* m = std::get_if<MaxTextConfig>(&c.config)) return m->rules;
+            return std::nullopt;
+          },
+          "A MaxText model's logical axis rules (base.yml's, merged with the model file's); None otherwise")
+      .def(
+          "maxtext_mesh",
+          [](const ModelConfig& c, int64_t devices) {
+            const auto* m = std::get_if<MaxTextConfig>(&c.config);
+            if (!m) throw ValueError("maxtext_mesh: " + c.family() + " is not a MaxText model");
+            Mesh mesh = m->mesh(devices);
+            m->check_mesh(mesh);
+            return mesh;
+          },
+          "devices"_a, "The mesh MaxText builds for this many devices from the config's ici_*/dcn_* parallelism")
       .def_ro("source", &ModelConfig::source, "The file (or \"<text>\") it was read from")
       .def("__repr__", [](const ModelConfig& c) { return "ModelConfig(" + c.family() + ", " + c.source + ")"; });
   m.def("load_model_file", [](const std::string& path) { return load_model_config(path); }, "path"_a);
   m.def("parse_model", [](const std::string& text) { return parse_model_config(text, "<text>"); }, "text"_a);
+  m.def(
+      "load_maxtext_model",
+      [](const std::string& model, const std::string& base, std::vector<std::string> sets,
+         std::optional<std::string> rules) {
+        MaxTextSources sources{.model = model, .base = base, .overrides = std::move(sets), .rules = std::nullopt};
+        if (rules) sources.rules = *rules;
+        return load_maxtext_model(sources);
+      },
+      "model"_a, "base"_a, "sets"_a, "rules"_a.none());
 
   m.def("eval_shape_records", &eval_shape_records, "model"_a, "mesh"_a, "rules"_a, "remove_size_one_axes"_a,
         "drop_indivisible"_a, "strict"_a);

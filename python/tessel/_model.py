@@ -62,6 +62,32 @@ def load_model(model: str | os.PathLike | Mapping[str, Any] | ModelConfig) -> Mo
     raise ArgumentError(f"model: {model!r} is not a path, YAML text, a dict or a ModelConfig")
 
 
+def load_maxtext_model(model: str | os.PathLike, base: str | os.PathLike, *, set: Mapping[str, Any] | Sequence[str] = (),
+                       rules: str | os.PathLike | None = None) -> ModelConfig:
+    """One of MaxText's models from MaxText's files: the model file (configs/models/<name>.yml) over
+    base.yml, then `set` overrides ({"scan_layers": False} or ["scan_layers=false"]); `rules` a
+    custom mesh-and-rule file. Its `.rules` are the config's and `.maxtext_mesh(n)` the mesh
+    MaxText builds for n devices; eval_shape and plan take it without rules.
+
+        m = tessel.load_maxtext_model("models/qwen3-0.6b.yml", "base.yml", set={"scan_layers": False})
+        state = tessel.eval_shape(m, m.maxtext_mesh(16))
+    """
+    if isinstance(set, Mapping):
+        sets = [f"{k}={json.dumps(v)}" for k, v in set.items()]  # JSON values are YAML
+    else:
+        sets = [str(s) for s in set]
+    return _tessel.load_maxtext_model(os.fspath(model), os.fspath(base), sets,
+                                      None if rules is None else os.fspath(rules))
+
+
+def _rules_for(model: ModelConfig, rules) -> LogicalRules:
+    if rules is None:
+        if model.rules is None:
+            raise ArgumentError(f"rules: {model.family} needs logical axis rules (only MaxText models carry their own)")
+        return model.rules
+    return load_rules(rules)
+
+
 def load_rules(rules: LogicalRules | Sequence | str | os.PathLike) -> LogicalRules:
     """Logical axis rules from a MaxText YAML/JSON file (logical_axis_rules, mesh_axes), such text,
     or a Flax-style list of (logical name, mesh axes) pairs."""
@@ -74,17 +100,18 @@ def load_rules(rules: LogicalRules | Sequence | str | os.PathLike) -> LogicalRul
     raise ArgumentError(f"rules: {rules!r} is not a path, YAML text, a list of (name, axes) pairs or LogicalRules")
 
 
-def eval_shape(model, mesh: Mesh, rules, *, remove_size_one_axes: bool = False, drop_indivisible: bool = False,
+def eval_shape(model, mesh: Mesh, rules=None, *, remove_size_one_axes: bool = False, drop_indivisible: bool = False,
                strict: bool = False, as_jax: bool = False, flat: bool = False) -> dict:
     """The model's abstract state on `mesh`: every parameter's shape, dtype and sharding under `rules`.
 
     `model`: what `load_model` takes; `rules`: LogicalRules, Flax-style (name, axes) pairs or a
-    rules file. Returns nested dicts keyed by path segment (`{"decoder": {"layers": ...}}`), or
+    rules file (None: a MaxText model's own). Returns nested dicts keyed by path segment (`{"decoder": {"layers": ...}}`), or
     `{"decoder/layers/...": ...}` with `flat=True`, of AbstractArrays, or of
     jax.ShapeDtypeStructs carrying jax NamedShardings with `as_jax=True` (Orbax's restore target).
     """
     from tessel.checkpoint import _unflatten, numpy_dtype
-    records = _tessel.eval_shape_records(load_model(model), mesh, load_rules(rules), remove_size_one_axes,
+    model = load_model(model)
+    records = _tessel.eval_shape_records(model, mesh, _rules_for(model, rules), remove_size_one_axes,
                                          drop_indivisible, strict)
     out = {}
     for path, kind, shape, dtype, sharding, logical in records:
@@ -93,7 +120,7 @@ def eval_shape(model, mesh: Mesh, rules, *, remove_size_one_axes: bool = False, 
     return out if flat else _unflatten(out, {})
 
 
-def plan(model, mesh: Mesh, rules, *, optimizer: str = "none", gradients: bool = False,
+def plan(model, mesh: Mesh, rules=None, *, optimizer: str = "none", gradients: bool = False,
          replica_axes: Sequence[str] = ("data", "diloco"), tolerance: float = 0.02, top: int = 10,
          remove_size_one_axes: bool = False, drop_indivisible: bool = False, strict: bool = False) -> MemoryPlan:
     """The memory plan `tessel plan` prints: bytes per device for parameters, gradients and
@@ -104,5 +131,6 @@ def plan(model, mesh: Mesh, rules, *, optimizer: str = "none", gradients: bool =
         replica_axes = [a for a in replica_axes.split(",") if a]
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise ArgumentError(f"plan: top must be a non-negative int, not {top!r}")
-    return _tessel.plan(load_model(model), mesh, load_rules(rules), remove_size_one_axes, drop_indivisible, strict,
+    model = load_model(model)
+    return _tessel.plan(model, mesh, _rules_for(model, rules), remove_size_one_axes, drop_indivisible, strict,
                         optimizer, gradients, list(replica_axes), float(tolerance), top)

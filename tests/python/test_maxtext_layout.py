@@ -185,3 +185,27 @@ def _paths(tree, prefix=""):
             yield from _paths(v, prefix + k + "/")
     else:
         yield prefix[:-1]
+
+
+def test_python_loads_maxtexts_models_with_their_rules_and_mesh():
+    m = tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", "qwen3-0.6b.yml"), os.path.join(MAXTEXT, "base.yml"))
+    assert m.family == "maxtext:qwen3"
+    state = tessel.eval_shape(m, m.maxtext_mesh(16), flat=True)
+    golden = json.load(open(os.path.join(MAXTEXT, "qwen3-0.6b_tpu7x-16_default", "named_shardings.json")))
+    params = {k[len(".params/['params']/"):].replace("']/['", "/").strip("[]'"): v for k, v in golden.items()
+              if k.startswith(".params/")}
+    assert sorted(params) == sorted(state)
+    for path, leaf in state.items():
+        assert list(leaf.shape) == params[path]["shape"], path
+        want = [tuple(e) if isinstance(e, list) else e for e in params[path]["partition_spec"]]
+        assert leaf.sharding.spec == tessel.PartitionSpec(*want), path
+    assert tessel.plan(m, m.maxtext_mesh(16), optimizer="adamw").param_count == 596_049_920
+    unscanned = tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", "qwen3-0.6b.yml"),
+                                          os.path.join(MAXTEXT, "base.yml"), set={"scan_layers": False})
+    assert "decoder/layers_27/mlp/wo/kernel" in tessel.eval_shape(unscanned, unscanned.maxtext_mesh(8), flat=True)
+    try:
+        tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", "qwen3-0.6b.yml"), os.path.join(MAXTEXT, "base.yml"),
+                                  set=["fused_qkv=true"])
+        raise AssertionError("fused_qkv accepted")
+    except tessel.ParseError as e:
+        assert "fused_qkv" in str(e)
