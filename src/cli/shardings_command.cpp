@@ -11,6 +11,8 @@
 
 #include "cli/commands.h"
 #include "tessel/core/error.h"
+#include "tessel/models/maxtext.h"
+#include "tessel/state/init.h"
 #include "tessel/sharding/named_sharding.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/sharding/spec_io.h"
@@ -20,7 +22,9 @@ namespace tessel::cli {
 namespace {
 
 struct ShardingsArgs {
-  std::string rules, logical, mesh, out, spec, shape;
+  std::string rules, logical, mesh, out, spec, shape, model, base;
+  std::vector<std::string> sets;
+  std::optional<int64_t> devices;
   bool remove_size_one = false, drop_indivisible = false, strict = false, explain = false, show = false;
 };
 
@@ -44,10 +48,8 @@ std::string logical_text(const LogicalAxes& axes) {
   return fmt::format("({})", fmt::join(names, ", "));
 }
 
-void run_rules(const ShardingsArgs& a) {
-  LogicalRules rules = load_rules(a.rules);
-  Mesh mesh = Mesh::parse(a.mesh, rules.mesh_axes());
-  std::vector<LogicalEntry> entries = load_logical_dump(a.logical);
+void resolve_entries(const ShardingsArgs& a, const LogicalRules& rules, const Mesh& mesh,
+                     const std::vector<LogicalEntry>& entries) {
   ResolveOptions options{a.remove_size_one, a.drop_indivisible, a.strict};
 
   std::string text;
@@ -69,7 +71,25 @@ void run_rules(const ShardingsArgs& a) {
   emit(a, a.explain || a.show ? text : named_dump_json(named, mesh));
 }
 
+void run_rules(const ShardingsArgs& a) {
+  LogicalRules rules = load_rules(a.rules);
+  if (a.mesh.empty()) throw ValueError("give --mesh, e.g. --mesh fsdp=16");
+  resolve_entries(a, rules, Mesh::parse(a.mesh, rules.mesh_axes()), load_logical_dump(a.logical));
+}
+
+// A MaxText model's TrainState, each leaf resolved as MaxText's named_shardings.json has it.
+void run_model(const ShardingsArgs& a) {
+  const ModelConfig model = load_model(ModelArgs{.model = a.model, .base = a.base, .rules = a.rules, .sets = a.sets});
+  const auto& c = std::get<MaxTextConfig>(model.config);
+  const Mesh mesh = model_mesh(model, a.mesh, c.rules, a.devices);
+  const State params = eval_shape(maxtext_model(c), mesh, c.rules);
+  std::vector<LogicalEntry> entries;
+  for (const MaxTextStateEntry& e : maxtext_train_state(c, params)) entries.push_back({e.key, e.logical, e.shape});
+  resolve_entries(a, c.rules, mesh, entries);
+}
+
 void run_spec(const ShardingsArgs& a) {
+  if (a.mesh.empty()) throw ValueError("give --mesh, e.g. --mesh data=2,fsdp=4");
   Mesh mesh = Mesh::parse(a.mesh);
   Shape shape = Shape::parse(a.shape);
   NamedSharding sharding(mesh, PartitionSpec::from_json(a.spec, "--spec"));
@@ -93,6 +113,8 @@ void add_shardings_command(CLI::App& app) {
       "  tessel shardings --rules base.yml --logical logical_shardings.json --mesh fsdp=16\n"
       "      prints MaxText's named_shardings.json format. When the rules file declares mesh_axes,\n"
       "      --mesh may name a subset of them (in that order); the others get size 1.\n"
+      "  tessel shardings --model models/qwen3-0.6b.yml --base base.yml --devices 16\n"
+      "      the same for a MaxText model's TrainState, built from MaxText's files.\n"
       "  tessel shardings --mesh data=2,fsdp=4 --spec '[\"fsdp\", null]' --shape 16,8 --show\n"
       "      draws how one PartitionSpec splits an array (without --show: each device's box).");
   cmd->add_option("--rules", args->rules, "Logical axis rules: MaxText YAML (logical_axis_rules, mesh_axes) or JSON")
@@ -100,7 +122,12 @@ void add_shardings_command(CLI::App& app) {
   cmd->add_option("--logical", args->logical,
                   "MaxText logical dump: {path: {\"partition_spec\": [names], \"shape\": [...]}}")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--mesh", args->mesh, "Mesh axes and sizes in device order, e.g. data=2,fsdp=4")->required();
+  cmd->add_option("--mesh", args->mesh, "Mesh axes and sizes in device order, e.g. data=2,fsdp=4");
+  cmd->add_option("--model", args->model, "A MaxText model file (with --base): resolve its TrainState's leaves")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--base", args->base, "MaxText's base.yml, under --model")->check(CLI::ExistingFile);
+  cmd->add_option("--set", args->sets, "MaxText config override key=value (repeat it)");
+  cmd->add_option("--devices", args->devices, "With --model and no --mesh: MaxText's mesh for this many devices");
   cmd->add_flag("--remove-size-one-axes", args->remove_size_one,
                 "Drop mesh axes of size 1 from the result (MaxText); a missing axis counts as size 1");
   cmd->add_flag("--drop-indivisible", args->drop_indivisible,
@@ -114,8 +141,17 @@ void add_shardings_command(CLI::App& app) {
   cmd->add_flag("--show", args->show, "Draw the sharding as text (per entry with --rules/--logical)");
   cmd->callback([args]() {
     const ShardingsArgs& a = *args;
-    bool rules_mode = !a.rules.empty() || !a.logical.empty();
+    const bool model_mode = !a.model.empty() || !a.base.empty();
+    bool rules_mode = !model_mode && (!a.rules.empty() || !a.logical.empty());
     bool spec_mode = !a.spec.empty() || !a.shape.empty();
+    if (model_mode) {
+      if (a.model.empty() || a.base.empty())
+        throw ValueError(a.model.empty() ? "--base needs --model (a MaxText model file)"
+                                         : "--model needs --base (MaxText's base.yml)");
+      if (!a.logical.empty() || spec_mode) throw ValueError("--model resolves the model's own leaves: leave out --logical, --spec");
+      run_model(a);
+      return;
+    }
     if (rules_mode && spec_mode)
       throw ValueError("use either --rules with --logical, or --spec with --shape, not both");
     if (rules_mode) {

@@ -86,3 +86,52 @@ TEST(PlanCli, BadInputsGiveOneClearLine) {
 
 }  // namespace
 }  // namespace tessel
+
+namespace tessel {
+namespace {
+
+const std::string kMaxTextModels = testing::testdata("maxtext/models/").string();
+
+TEST(PlanCli, MaxTextModelsFromTheirFilesWithDumpsCountsAndOverrides) {
+  testing::TempDir dir;
+  Result r = run("plan --model " + kMaxTextModels + "qwen3-0.6b.yml --base " + kBase +
+                 " --devices 16 --optimizer adamw --check --dump-shardings " + (dir.path() / "dump").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(16 devices): 596,049,920 parameters in 13 arrays"));
+  EXPECT_THAT(r.out, HasSubstr("fsdp=16"));
+  for (const char* f : {"logical_shardings.json", "named_shardings.json"}) {
+    const auto golden = nlohmann::ordered_json::parse(
+        testing::read_file(testing::testdata(std::string("maxtext/qwen3-0.6b_tpu7x-16_default/") + f)));
+    EXPECT_EQ(nlohmann::ordered_json::parse(testing::read_file(dir.path() / "dump" / f)), golden) << f;
+  }
+  r = run("plan --model " + kMaxTextModels + "llama3.1-70b.yml --base " + kBase +
+          " --mesh fsdp=8,tensor=8 --set scan_layers=false --set ici_tensor_parallelism=8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("70,553,706,496 parameters in 723 arrays"));
+  // The same through `tessel shardings`, key for key.
+  r = run("shardings --model " + kMaxTextModels + "qwen3-0.6b.yml --base " + kBase + " --devices 16");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::ordered_json::parse(r.out),
+            nlohmann::ordered_json::parse(testing::read_file(
+                testing::testdata("maxtext/qwen3-0.6b_tpu7x-16_default/named_shardings.json"))));
+}
+
+TEST(PlanCli, MaxTextBadInputIsOneLine) {
+  const std::string qwen = kMaxTextModels + "qwen3-0.6b.yml";
+  expect_one_line_error(run("plan --model " + qwen + " --base " + kBase), 1, "--devices N");
+  expect_one_line_error(run("plan --model " + qwen + " --base " + kBase + " --devices 16 --set fused_mlp=true"), 1,
+                        "fused_mlp");
+  expect_one_line_error(run("plan --model " + qwen + " --base " + kBase + " --devices 16 --set vocab=5"), 1,
+                        "unknown key 'vocab'");
+  expect_one_line_error(run("plan --model " + qwen + " --set scan_layers=false --mesh fsdp=2 --rules " + kBase), 1,
+                        "give --base");
+  expect_one_line_error(run("plan --model " + qwen + " --base " + kBase + " --mesh tensor=16"), 1,
+                        "num_kv_heads (8) must be divisible by 16");
+  expect_one_line_error(run("plan --model " + kModels + "transformer.yml --mesh fsdp=2 --dump-shardings /tmp/x --rules " +
+                            kModels + "rules.yml"),
+                        1, "give a MaxText model");
+  expect_one_line_error(run("shardings --base " + kBase + " --devices 4"), 1, "--base needs --model");
+}
+
+}  // namespace
+}  // namespace tessel

@@ -114,7 +114,7 @@ TEST(ShardingsCli, BadInputsGiveOneClearLine) {
                             " --spec '[]' --shape 1"), 1, "not both");
   expect_one_line_error(run("shardings --rules /no/such.yml --logical " + logical + " --mesh fsdp=4"), 2,
                         "/no/such.yml");
-  expect_one_line_error(run("shardings --spec '[]' --shape 2"), 2, "--mesh is required");
+  expect_one_line_error(run("shardings --spec '[]' --shape 2"), 1, "give --mesh");
   expect_one_line_error(run("shardings --mesh a=1 --bogus"), 2, "--bogus");
   expect_one_line_error(run(""), 2, "subcommand");
   expect_one_line_error(run("shardings --rules " + rules.string() + " --logical " + one.string() +

@@ -109,3 +109,38 @@ TEST(TrainCli, BadInputIsOneLine) {
 
 }  // namespace
 }  // namespace tessel
+
+namespace tessel {
+namespace {
+
+TEST(TrainCli, MaxTextDenseModelsTrainAndSaveMaxTextsLayout) {
+  const std::string base = testing::testdata("maxtext/base.yml").string();
+  const std::string model = testing::testdata("maxtext/models/llama3.1-8b.yml").string();
+  const std::string tiny = " --set base_emb_dim=32 --set base_num_query_heads=4 --set base_num_kv_heads=2"
+                           " --set head_dim=8 --set base_mlp_dim=64 --set base_num_decoder_layers=2"
+                           " --set vocab_size=256 --batch 8 --seq 16";
+  testing::TempDir dir;
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  Result r = run("train --model " + model + " --base " + base + tiny +
+                 " --mesh fsdp=4,tensor=2 --steps 3 --layout maxtext --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("tessel train: maxtext:llama2"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "ckpt" / "3" / "items" / "_METADATA"));
+  const std::string meta = testing::read_file(dir.path() / "ckpt" / "3" / "items" / "_METADATA");
+  EXPECT_THAT(meta, HasSubstr("('params', 'params', 'decoder', 'layers', 'mlp', 'wi_0', 'kernel')"));
+  EXPECT_THAT(meta, HasSubstr("('opt_state', '0', 'mu', 'params', 'token_embedder', 'embedding')"));
+  EXPECT_THAT(meta, HasSubstr("('opt_state', '2', 'count')"));
+  EXPECT_THAT(meta, HasSubstr("('step',)"));
+  expect_one_line_error(run("train --model " + model + " --base " + base + tiny + " --optimizer sgd --layout maxtext"
+                            " --checkpoint-dir " + ckpt + "2"),
+                        1, "use --optimizer adamw");
+  expect_one_line_error(run("train --model " + testing::testdata("maxtext/models/deepseek3-tiny.yml").string() +
+                            " --base " + base + " --steps 1"),
+                        1, "no forward pass");
+  expect_one_line_error(run("train --base " + base), 1, "--base needs --model");
+  expect_one_line_error(run("train --model " + model + " --base " + base + " --set vocab_size=100 --steps 1"), 1,
+                        "needs at least 256");
+}
+
+}  // namespace
+}  // namespace tessel
