@@ -12,6 +12,7 @@ import tessel
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DOCS = os.path.join(ROOT, "docs", "python.md")
+TESTDATA = os.path.join(os.environ.get("TESSEL_SHARED", os.path.join(ROOT, "..", "shared")), "testdata")
 
 
 def doc_examples():
@@ -27,8 +28,8 @@ def test_every_python_example_in_the_docs_runs(tmp_path, monkeypatch):
     for code in examples:
         code = code.replace('"/tmp/', '"' + str(tmp_path) + "/")
         code = code.replace('"examples/', '"' + os.path.join(ROOT, "examples") + "/")
-        code = code.replace('"base.yml"', repr(os.path.join(os.environ.get("TESSEL_SHARED", os.path.join(
-            os.path.dirname(__file__), "..", "..", "..", "shared")), "testdata", "maxtext", "base.yml")))
+        code = code.replace('"base.yml"', '"maxtext/base.yml"')
+        code = code.replace('"maxtext/', '"' + os.path.join(TESTDATA, "maxtext") + "/")
         exec(compile(code, DOCS, "exec"), shared)
     assert shared["w"].to_numpy().shape == (16, 8)
     assert shared["w"].shards[3].data.shape == (8, 8) and shared["w"].shards[3].index[0] == slice(8, 16)
