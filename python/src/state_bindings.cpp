@@ -1,10 +1,14 @@
-// Model configs, eval_shape and memory plans for Python. eval_shape crosses the boundary flat, as
-// (path, ...) records that tessel/state.py turns into a tree; plans are bound as read-only value
-// types. Neither allocates a parameter: the mesh may be far larger than this machine.
+// Model configs, eval_shape, memory plans and the forward pass for Python. eval_shape crosses the
+// boundary flat, as (path, ...) records that tessel/_model.py turns into a tree; plans are bound as
+// read-only value types; neither allocates a parameter (the mesh may be far larger than this
+// machine). forward takes whole weights and inputs as bytes and runs on host devices.
+#include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -13,7 +17,9 @@
 #include "convert.h"
 #include "tessel/core/error.h"
 #include "tessel/state/init.h"
+#include "tessel/models/forward.h"
 #include "tessel/models/model_config.h"
+#include "tessel/runtime/runtime.h"
 #include "tessel/state/plan.h"
 
 namespace nb = nanobind;
@@ -45,6 +51,42 @@ MemoryPlan plan_of(const ModelConfig& config, const Mesh& mesh, const LogicalRul
   options.tolerance = tolerance;
   options.top = top;
   return plan(eval_shape(config.build(), mesh, rules, {remove_size_one_axes, drop_indivisible, strict}), options);
+}
+
+using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+HostArray host_array(const std::string& dtype, nb::handle shape, nb::handle bytes, const std::string& what) {
+  const Bytes b = nb::cast<Bytes>(bytes);
+  const auto* p = reinterpret_cast<const std::byte*>(b.data());
+  HostArray out(to_shape(shape, what + " shape"), parse_dtype(dtype));
+  if (static_cast<int64_t>(b.size()) != out.nbytes())
+    throw ValueError(what + ": " + std::to_string(b.size()) + " bytes for " + out.type_string());
+  std::copy(p, p + b.size(), out.mutable_bytes().begin());
+  return out;
+}
+
+// weights: (path, dtype name, shape, C-order bytes) per parameter; inputs likewise without a path.
+// Returns (dtype name, shape, bytes) of the output.
+nb::tuple forward_records(const ModelConfig& model, const Mesh& mesh, const LogicalRules& rules, nb::list weights,
+                          const std::string& dtype, nb::handle shape, nb::handle bytes) {
+  std::map<std::string, HostArray> w;
+  for (nb::handle h : weights) {
+    nb::tuple t = nb::borrow<nb::tuple>(h);
+    const std::string path = nb::cast<std::string>(t[0]);
+    w.emplace(path, host_array(nb::cast<std::string>(t[1]), t[2], t[3], path));
+  }
+  const HostArray inputs = host_array(dtype, shape, bytes, "inputs");
+  std::optional<HostArray> out;
+  {
+    nb::gil_scoped_release release;
+    int64_t devices = 1;
+    for (int64_t d : mesh.device_ids()) devices = std::max(devices, d + 1);
+    const Runtime rt = Runtime::host(devices);
+    out = forward_on_host(rt, model, mesh, rules, w, inputs);
+  }
+  const auto raw = out->bytes();
+  return nb::make_tuple(std::string(name(out->dtype())), from_shape(out->shape()),
+                        nb::bytes(reinterpret_cast<const char*>(raw.data()), raw.size()));
 }
 
 nb::dict summary_dict(const BytesSummary& s) {
@@ -94,6 +136,7 @@ void bind_state(nb::module_& m) {
       },
       "model"_a, "base"_a, "sets"_a, "rules"_a.none());
 
+  m.def("forward", &forward_records, "model"_a, "mesh"_a, "rules"_a, "weights"_a, "dtype"_a, "shape"_a, "bytes"_a);
   m.def("eval_shape_records", &eval_shape_records, "model"_a, "mesh"_a, "rules"_a, "remove_size_one_axes"_a,
         "drop_indivisible"_a, "strict"_a);
 

@@ -26,7 +26,7 @@ from tessel._tessel import (
     ShardingError,
 )
 from tessel._jax import from_jax, to_jax
-from tessel._model import AbstractArray, eval_shape, load_maxtext_model, load_model, load_rules, plan
+from tessel._model import AbstractArray, eval_shape, forward, load_maxtext_model, load_model, load_rules, plan
 from tessel import checkpoint
 
 P = PartitionSpec
@@ -47,6 +47,7 @@ __all__ = [
     "ShardingError",
     "checkpoint",
     "eval_shape",
+    "forward",
     "from_jax",
     "load_maxtext_model",
     "load_model",

@@ -134,3 +134,32 @@ def plan(model, mesh: Mesh, rules=None, *, optimizer: str = "none", gradients: b
     model = load_model(model)
     return _tessel.plan(model, mesh, _rules_for(model, rules), remove_size_one_axes, drop_indivisible, strict,
                         optimizer, gradients, list(replica_axes), float(tolerance), top)
+
+
+def forward(model, weights: Mapping[str, Any], inputs, mesh: Mesh, rules=None) -> np.ndarray:
+    """The model's forward pass on `mesh` with these weights: logits [batch, seq, vocab] (float32)
+    from int32 tokens [batch, seq] for the language models, DotReluDot's output from its input.
+
+    `weights`: every parameter of the model, as nested dicts or {"decoder/layers/mlp/wo/kernel":
+    array} (NumPy arrays, jax.Arrays, or the ShardedArrays `tessel.checkpoint.restore` gives), in
+    the model's shapes and dtypes. Each of the mesh's devices (host devices here) gets its block of
+    every parameter under `rules` (None: a MaxText model's own) and its rows of the batch.
+
+        m = tessel.load_maxtext_model("models/qwen3-0.6b.yml", "base.yml", set={"base_num_decoder_layers": 2})
+        params = tessel.checkpoint.restore("ckpt/0/items", mesh=mesh)["params"]["params"]
+        logits = tessel.forward(m, params, tokens, mesh)
+    """
+    from tessel.checkpoint import _dtype_name, _flatten, _is_leaf, numpy_dtype
+    model = load_model(model)
+    if isinstance(weights, Mapping) and weights and all(_is_leaf(v) for v in weights.values()):
+        flat = {str(k): v for k, v in weights.items()}
+    else:
+        flat = _flatten(weights)[0]
+
+    def record(value, where):
+        a = np.ascontiguousarray(np.asarray(value))
+        return _dtype_name(a.dtype, where), list(a.shape), a.reshape(-1).view(np.uint8)
+
+    records = [(path, *record(v, path)) for path, v in flat.items()]
+    dtype, shape, data = _tessel.forward(model, mesh, _rules_for(model, rules), records, *record(inputs, "inputs"))
+    return np.frombuffer(data, numpy_dtype(dtype)).reshape(shape)

@@ -1,5 +1,7 @@
 // Key maps: parsed with clear errors, planned forward and backward, and applied on the host so that
 // a round trip gives every tensor back bit for bit.
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -8,6 +10,7 @@
 #include "../runtime/runtime_test_util.h"
 #include "tessel/checkpoint/key_map.h"
 #include "tessel/core/error.h"
+#include "tessel/core/half.h"
 
 namespace tessel {
 namespace {
@@ -95,6 +98,61 @@ TEST(KeyMap, PlansRefuseWhatDoesNotFit) {
               ThrowsMessage<ParseError>(HasSubstr("twice")));
   EXPECT_EQ(parse_map_vars("d=4, h=2").at("h"), "2");
   EXPECT_THROW(parse_map_vars("d"), ValueError);
+}
+
+// Normal values (no NaN, infinity or subnormal, where a scale would round) of a float dtype.
+HostArray normal_values(std::mt19937& rng, const Shape& shape, DType dtype) {
+  std::normal_distribution<float> normal;
+  HostArray h(shape, dtype);
+  for (int64_t i = 0; i < shape.num_elements(); ++i) {
+    const float v = normal(rng);
+    std::byte* p = h.mutable_bytes().data() + i * static_cast<int64_t>(item_size(dtype));
+    if (dtype == DType::kF64) { const double d = v; std::memcpy(p, &d, 8); }
+    if (dtype == DType::kF32) std::memcpy(p, &v, 4);
+    if (dtype == DType::kBF16) { const uint16_t b = f32_to_bf16(v); std::memcpy(p, &b, 2); }
+    if (dtype == DType::kF16) { const uint16_t b = f32_to_f16(v); std::memcpy(p, &b, 2); }
+  }
+  return h;
+}
+
+double value_at(const HostArray& h, int64_t i) {
+  const std::byte* p = h.bytes().data() + i * static_cast<int64_t>(item_size(h.dtype()));
+  uint16_t b = 0;
+  float f = 0;
+  double d = 0;
+  switch (h.dtype()) {
+    case DType::kF64: std::memcpy(&d, p, 8); return d;
+    case DType::kF32: std::memcpy(&f, p, 4); return f;
+    case DType::kBF16: std::memcpy(&b, p, 2); return bf16_to_f32(b);
+    default: std::memcpy(&b, p, 2); return f16_to_f32(b);
+  }
+}
+
+TEST(KeyMap, ScaleMultipliesForwardAndDividesBackward) {
+  const KeyMap map = parse_key_map("vars: {d: 16}\nrules:\n  - from: q\n    to: k\n    scale: \"1/sqrt({d})\"\n",
+                                   "map.yml");
+  ASSERT_TRUE(map.rules[0].scale);
+  EXPECT_DOUBLE_EQ(*map.rules[0].scale, 0.25);
+  EXPECT_DOUBLE_EQ(*parse_key_map("rules:\n  - {from: a, to: b, scale: 'sqrt(2)/0.5'}\n", "m").rules[0].scale,
+                   std::sqrt(2.0) / 0.5);
+  std::mt19937 rng(3);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64}) {
+    const std::map<std::string, HostArray> values{{"q", normal_values(rng, {5, 3}, dtype)}};
+    const auto there = apply_plan(plan_key_map(map, abstract(values)), values);
+    const auto back = apply_plan(plan_key_map(map, abstract(there)), there);
+    for (int64_t i = 0; i < 15; ++i) {
+      const double v = value_at(values.at("q"), i);
+      EXPECT_EQ(value_at(there.at("k"), i), v * 0.25) << name(dtype);  // a power of two: exact
+      EXPECT_EQ(value_at(back.at("q"), i), v) << name(dtype);
+    }
+  }
+  const std::map<std::string, HostArray> ints{{"q", HostArray(Shape{2}, DType::kI32)}};
+  EXPECT_THAT([&] { apply_plan(plan_key_map(map, abstract(ints)), ints); },
+              ThrowsMessage<ValueError>(HasSubstr("scale applies to")));
+  for (const char* bad : {"0", "-2", "x", "1/0", "sqrt(-1)", "{e}", "nan"}) {
+    EXPECT_THAT([&] { parse_key_map(std::string("rules:\n  - {from: a, to: b, scale: '") + bad + "'}\n", "m.yml"); },
+                ThrowsMessage<ParseError>(HasSubstr("scale"))) << bad;
+  }
 }
 
 }  // namespace

@@ -38,6 +38,10 @@ def test_every_python_example_in_the_docs_runs(tmp_path, monkeypatch):
     assert k.shape == (256, 4, 1024) and k.logical_axes == ("embed", "layers", "mlp")
     assert k.sharding.spec == tessel.P("fsdp", None, "tensor")
     assert shared["p"].total_per_device["max"] > 0 and str(shared["p"]).startswith("memory plan on")
+    assert shared["logits"].shape == (4, 16, 256) and shared["logits"].dtype == np.float32
+    one = tessel.Mesh({"data": 1, "fsdp": 1, "tensor": 1})
+    np.testing.assert_allclose(tessel.forward(shared["lm"], shared["weights"], shared["tokens"], one, shared["lm_rules"]),
+                               shared["logits"], rtol=1e-5, atol=1e-5)  # the same logits on one device
     params = shared["params"]["model"]["embed_tokens"]["weight"]
     assert params.to_numpy().shape == (32, 8) and len(params.shards) == 4
 

@@ -1,6 +1,7 @@
 #include "tessel/checkpoint/key_map.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <regex>
@@ -11,6 +12,7 @@
 #include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
+#include "tessel/core/half.h"
 #include "tessel/detail/text_util.h"
 #include "tessel/detail/yaml_util.h"
 
@@ -45,6 +47,47 @@ int64_t int_of(const std::string& source, const YAML::Node& n, const std::map<st
   } catch (const std::exception&) {
     fail(source, n, fmt::format("{} must be an integer, got '{}'", what, text));
   }
+  return v;
+}
+
+// "2", "0.5", "sqrt(128)", "1/sqrt(128)": a positive finite factor (after "{name}" substitution).
+double scale_of(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars) {
+  if (!n.IsScalar()) fail(source, n, "scale must be a number, sqrt(N) or A/B of those");
+  std::string text;
+  const std::string raw = n.Scalar();
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == '{') {
+      const size_t end = raw.find('}', i);
+      if (end == std::string::npos) fail(source, n, fmt::format("scale '{}': unclosed {{", raw));
+      auto it = vars.find(raw.substr(i + 1, end - i - 1));
+      if (it == vars.end())
+        fail(source, n, fmt::format("scale: no value for {} (give it in vars: or --map-var)", raw.substr(i, end - i + 1)));
+      text += it->second;
+      i = end;
+    } else if (raw[i] != ' ') {
+      text += raw[i];
+    }
+  }
+  auto term = [&](std::string t) {
+    bool root = false;
+    if (t.starts_with("sqrt(") && t.ends_with(")")) {
+      root = true;
+      t = t.substr(5, t.size() - 6);
+    }
+    double v = 0;
+    try {
+      size_t used = 0;
+      v = std::stod(t, &used);
+      if (used != t.size()) throw std::invalid_argument(t);
+    } catch (const std::exception&) {
+      fail(source, n, fmt::format("scale '{}' must be a number, sqrt(N) or A/B of those", raw));
+    }
+    if (!(v > 0) || !std::isfinite(v)) fail(source, n, fmt::format("scale '{}' needs positive finite numbers", raw));
+    return root ? std::sqrt(v) : v;
+  };
+  const size_t slash = text.find('/');
+  const double v = slash == std::string::npos ? term(text) : term(text.substr(0, slash)) / term(text.substr(slash + 1));
+  if (!(v > 0) || !std::isfinite(v)) fail(source, n, fmt::format("scale '{}' is not a positive finite factor", raw));
   return v;
 }
 
@@ -192,6 +235,33 @@ HostArray reshaped(HostArray a, const Shape& shape) {
   return HostArray(shape, a.dtype(), std::vector<std::byte>(a.bytes().begin(), a.bytes().end()));
 }
 
+// Every value times `factor`: in double for f64, in float32 for the narrower floats (as NumPy's
+// astype(float32) * float32(factor) then astype back).
+void scale_values(HostArray& a, double factor, const std::string& path) {
+  const auto f = static_cast<float>(factor);
+  switch (a.dtype()) {
+    case DType::kF64:
+      for (double& v : a.mutable_values<double>()) v *= factor;
+      return;
+    case DType::kF32:
+      for (float& v : a.mutable_values<float>()) v *= f;
+      return;
+    case DType::kBF16:
+      for (uint16_t& v : std::span(reinterpret_cast<uint16_t*>(a.mutable_bytes().data()), a.mutable_bytes().size() / 2))
+        v = f32_to_bf16(bf16_to_f32(v) * f);
+      return;
+    case DType::kF16:
+      for (uint16_t& v : std::span(reinterpret_cast<uint16_t*>(a.mutable_bytes().data()), a.mutable_bytes().size() / 2))
+        v = f32_to_f16(f16_to_f32(v) * f);
+      return;
+    default:
+      throw ValueError(fmt::format("'{}': scale applies to f64, f32, bf16 and f16 tensors, not {}", path,
+                                   a.type_string()));
+  }
+}
+
+HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*>& sources);
+
 Box slice_box(const Shape& shape, size_t axis, int64_t index) {
   std::vector<int64_t> start(shape.rank(), 0), stop(shape.dims());
   start[axis] = index;
@@ -240,9 +310,10 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
     if (!n.IsMap()) fail(source, n, "each rule is a mapping with from and to");
     for (const auto& kv : n) {
       const std::string key = kv.first.as<std::string>();
-      static const std::set<std::string> known = {"from", "to", "transpose", "split", "stack", "optional"};
+      static const std::set<std::string> known = {"from", "to", "transpose", "split", "stack", "scale", "optional"};
       if (!known.contains(key))
-        fail(source, kv.first, fmt::format("unknown rule key '{}' (expected from, to, transpose, split, stack, optional)", key));
+        fail(source, kv.first,
+             fmt::format("unknown rule key '{}' (expected from, to, transpose, split, stack, scale, optional)", key));
     }
     KeyMapRule r;
     r.from = pattern_of(source, n, "from");
@@ -276,6 +347,7 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
       fail(source, n, "from has {i} and to has not: say along which axis the layers stack (stack: AXIS)");
     if (r.stack && !(has_index(r.from) && !has_index(r.to)))
       fail(source, n["stack"], "stack needs {i} in from and not in to");
+    if (const YAML::Node f = n["scale"]) r.scale = scale_of(source, f, vars);
     if (const YAML::Node o = n["optional"]) r.optional = o.as<bool>();
     map.rules.push_back(std::move(r));
   }
@@ -411,6 +483,14 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
 }
 
 HostArray apply_mapped(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
+  HostArray out = apply_layout(t, sources);
+  if (t.rule->scale) scale_values(out, t.forward ? *t.rule->scale : 1.0 / *t.rule->scale, t.path);
+  return out;
+}
+
+namespace {
+
+HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
   const KeyMapRule& r = *t.rule;
   const size_t item = item_size(t.dtype);
   if (t.forward) {
@@ -437,5 +517,7 @@ HostArray apply_mapped(const MappedTensor& t, const std::vector<const HostArray*
   const Shape merged = merge_shape(r, piece.shape(), t.path);
   return transpose(reshaped(std::move(piece), merged), r.transpose.empty() ? r.transpose : inverse(r.transpose));
 }
+
+}  // namespace
 
 }  // namespace tessel

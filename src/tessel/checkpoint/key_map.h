@@ -13,7 +13,13 @@
 //       split: [1, [-1, "{head_dim}"]]   # axis 1 into (heads, head_dim); -1 is inferred
 //       stack: 1                         # the {i} tensors stacked along axis 1 of the result
 //
-// Steps apply in the order transpose, split, stack (backward: unstack, merge, transpose back).
+//     - from: model.layers.{i}.self_attn.q_proj.weight     # MaxText's llama folds the attention's
+//       to: decoder.layers.self_attention.query.kernel     # 1/sqrt(head_dim) into the query kernel
+//       scale: "1/sqrt({head_dim})"      # a number, sqrt(N) or A/B of those; backward divides
+//
+// Steps apply in the order transpose, split, stack (backward: unstack, merge, transpose back);
+// `scale` multiplies floating-point values, in float32 for 16-bit types (rounded back to nearest
+// even), as MaxText's conversion hooks do.
 // Names use '.' or '/' between levels. `{i}` stands for a layer index 0..n-1; in `from` alone it
 // needs `stack`, in both it keeps layers apart. Every source tensor must be matched by a rule,
 // and a rule (unless `optional: true`) must match something.
@@ -38,6 +44,7 @@ struct KeyMapRule {
   std::optional<int64_t> split_axis;             // split this axis (after the transpose) ...
   std::vector<int64_t> split_sizes;              // ... into these sizes (one may be -1)
   std::optional<int64_t> stack;                  // stack axis of the result, for {i} in `from` only
+  std::optional<double> scale;                   // forward factor; backward divides by it
   bool optional = false;
 };
 

@@ -353,6 +353,10 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
   c.mu_dtype = s.str("mu_dtype").empty() ? c.weight_dtype : s.dtype("mu_dtype");
   c.normalization_layer_epsilon = s.real("normalization_layer_epsilon");
   c.rope_max_timescale = s.real("rope_max_timescale");
+  c.rope_type = s.str("rope_type");
+  c.rope_use_scale = s.boolean("rope_use_scale");
+  c.rope_min_timescale = s.real("rope_min_timescale");
+  c.rope_linear_scaling_factor = s.real("rope_linear_scaling_factor");
   c.dense_init_scale = s.real("dense_init_scale");
   c.attention_bias = s.boolean("attention_bias");
   c.attention_sink = s.boolean("attention_sink");

@@ -51,6 +51,11 @@ struct MaxTextConfig {
   DType weight_dtype = DType::kF32, dtype = DType::kBF16, mu_dtype = DType::kF32;
   double normalization_layer_epsilon = 1e-5;
   double rope_max_timescale = 10000;
+  // MaxText's rope: "default" (halves paired; "llama3.1" model names get LLaMARotaryEmbedding,
+  // neighbours paired, Llama 3.1's scaling with rope_use_scale), "llama3.1" or "yarn".
+  std::string rope_type = "default";
+  bool rope_use_scale = true;
+  double rope_min_timescale = 1, rope_linear_scaling_factor = 1;
   double dense_init_scale = 1.0;
   bool attention_bias = false, attention_sink = false;
   int64_t sliding_window_size = 0;

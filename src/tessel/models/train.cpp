@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "tessel/core/error.h"
+#include "tessel/models/forward.h"
 #include "tessel/models/maxtext.h"
 #include "tessel/nn/params.h"
 #include "tessel/ops/autodiff.h"
@@ -65,11 +66,7 @@ State Trainer::init(uint64_t seed) const {
   return State::merge({params, nn::init_optimizer(optimizer_, params)});
 }
 
-NamedSharding Trainer::batch_sharding(int64_t rank) const {
-  LogicalAxes names(static_cast<size_t>(rank));
-  names[0] = rules_.has_rule_for("activation_batch") ? "activation_batch" : "batch";
-  return NamedSharding(mesh_, rules_.logical_to_mesh_axes(names, "the batch"));
-}
+NamedSharding Trainer::batch_sharding(int64_t rank) const { return tessel::batch_sharding(mesh_, rules_, rank); }
 
 Batch Trainer::batch(const ByteDataset* data, const DataPosition& at, int64_t batch, int64_t seq) const {
   if (const auto* c = std::get_if<DotReluDotConfig>(&model_.config)) {
@@ -80,14 +77,9 @@ Batch Trainer::batch(const ByteDataset* data, const DataPosition& at, int64_t ba
 }
 
 Tensor Trainer::loss(const State&, const Params& params, const Tensor& inputs, const Tensor& targets) const {
-  if (const auto* c = std::get_if<DotReluDotConfig>(&model_.config)) {
-    (void)c;
-    return ops::mean(ops::square(ops::sub(dot_relu_dot_forward(params, inputs), targets)));
-  }
-  if (const auto* m = std::get_if<MaxTextConfig>(&model_.config))
-    return ops::cross_entropy(maxtext_logits(*m, params, inputs), targets);
-  const auto& t = std::get<TransformerConfig>(model_.config);
-  return ops::cross_entropy(transformer_logits(t, params, inputs), targets);
+  const Tensor out = model_forward(model_, params, inputs);
+  if (!model_.is_lm()) return ops::mean(ops::square(ops::sub(out, targets)));
+  return ops::cross_entropy(out, targets);
 }
 
 StepOutputs Trainer::run(const State& state, const Tensor& inputs, const Tensor& targets, int64_t step) const {

@@ -110,5 +110,9 @@ Tensor causal_mask(const Tensor& x);
 // Rotary position embedding (MaxText's default: halves of head_dim paired, timescales
 // max_timescale^(2k/head_dim)) on [..., seq, heads..., head_dim] with the sequence at `seq_dim`.
 Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale = 10000.0);
+// MaxText's LLaMARotaryEmbedding (llama3.1's model files): neighbours (2k, 2k+1) of head_dim
+// paired, and with `llama3_scaling` Llama 3.1's frequencies (factor 8, low/high frequency
+// factors 1 and 4 over an original context of 8192).
+Tensor llama_rope(const Tensor& x, size_t seq_dim, double max_timescale, bool llama3_scaling);
 
 }  // namespace tessel::ops

@@ -2,6 +2,7 @@
 // (take, one_hot), masks, rotary embeddings and casts.
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -78,8 +79,27 @@ std::vector<DimGroup> reshape_groups(const Shape& from, const Shape& to) {
 // Rotary position embedding on [..., seq, heads, head_dim] (MaxText's layout: the first and
 // second halves of head_dim are the pair), positions = global sequence index. sign = -1 rotates
 // back (the gradient).
+struct RopeStyle {
+  double max_timescale = 10000;
+  bool interleaved = false;     // pairs (2k, 2k+1), else (k, k + head_dim / 2)
+  bool llama3_scaling = false;  // Llama 3.1's frequency scaling
+};
+
+// The angular frequency of pair k of a head of `d`: 1 / max_timescale^(2k/d), then Llama 3.1's
+// scaling (MaxText's LLaMARotaryEmbedding._apply_scaling_factor).
+double rope_frequency(const RopeStyle& style, int64_t k, int64_t d) {
+  const double freq = 1.0 / std::pow(style.max_timescale, 2.0 * static_cast<double>(k) / static_cast<double>(d));
+  if (!style.llama3_scaling) return freq;
+  constexpr double kFactor = 8, kLow = 1, kHigh = 4, kOriginal = 8192;
+  const double wavelen = 2 * std::numbers::pi / freq;
+  if (wavelen < kOriginal / kHigh) return freq;
+  if (wavelen > kOriginal / kLow) return freq / kFactor;
+  const double smooth = (kOriginal / wavelen - kLow) / (kHigh - kLow);
+  return (1 - smooth) * freq / kFactor + smooth * freq;
+}
+
 template <class T>
-void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign, double max_timescale) {
+void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign, const RopeStyle& style) {
   const size_t r = box.rank();
   const int64_t d = box.extent(r - 1), half = d / 2;
   int64_t outer = 1, inner = 1;
@@ -90,25 +110,28 @@ void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign
   for (int64_t s = 0; s < seq; ++s) {
     const double pos = static_cast<double>(box.start(seq_dim) + s);
     for (int64_t k = 0; k < half; ++k) {
-      const double timescale = std::pow(max_timescale, 2.0 * static_cast<double>(k) / static_cast<double>(d));
-      cos_t[k] = static_cast<T>(std::cos(pos / timescale));
-      sin_t[k] = static_cast<T>(sign * std::sin(pos / timescale));
+      const double angle = pos * rope_frequency(style, k, d);
+      cos_t[k] = static_cast<T>(std::cos(angle));
+      sin_t[k] = static_cast<T>(sign * std::sin(angle));
     }
     for (int64_t a = 0; a < outer; ++a) {
       for (int64_t h = 0; h < inner; ++h) {
         const int64_t off = ((a * seq + s) * inner + h) * d;
         const T* x = in + off;
         T* y = out + off;
+        const int64_t step = style.interleaved ? 2 : 1, partner = style.interleaved ? 1 : half;
         for (int64_t k = 0; k < half; ++k) {
-          y[k] = x[k] * cos_t[k] - x[k + half] * sin_t[k];
-          y[k + half] = x[k + half] * cos_t[k] + x[k] * sin_t[k];
+          const int64_t i = k * step, j = i + partner;
+          const T xi = x[i], xj = x[j];
+          y[i] = xi * cos_t[k] - xj * sin_t[k];
+          y[j] = xj * cos_t[k] + xi * sin_t[k];
         }
       }
     }
   }
 }
 
-Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, double max_timescale) {
+Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, const RopeStyle& style) {
   Dims d = dims_of(x.sharding(), x.rank());
   Tensor placed = x;
   if (!d.back().empty()) {  // a rotation pairs elements half a head apart: head_dim stays whole
@@ -120,7 +143,7 @@ Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, double max_timesca
                   dispatch_float(placed.dtype(), [&](auto zero) {
                     using T = decltype(zero);
                     rope_block<T>(box, seq_dim, reinterpret_cast<const T*>(block(placed, device)),
-                                  reinterpret_cast<T*>(o), sign, max_timescale);
+                                  reinterpret_cast<T*>(o), sign, style);
                   });
                 });
 }
@@ -437,16 +460,29 @@ Tensor causal_mask(const Tensor& x) {
   return record(mask_raw(x, fill), {x}, [](const Tensor& g) { return std::vector<Tensor>{mask_raw(g, 0.0)}; });
 }
 
-Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale) {
+namespace {
+
+Tensor rope_styled(const Tensor& x, size_t seq_dim, const RopeStyle& style) {
   check_float(x, "rope");
-  if (!(max_timescale > 0)) throw ValueError("rope: max_timescale must be positive, got " + std::to_string(max_timescale));
+  if (!(style.max_timescale > 0))
+    throw ValueError("rope: max_timescale must be positive, got " + std::to_string(style.max_timescale));
   if (x.rank() < 3 || seq_dim + 2 >= x.rank() || x.shape()[x.rank() - 1] % 2 != 0) {
     throw ValueError("rope needs [..., seq, heads, head_dim] with seq before heads and an even head_dim, got " +
                      x.to_string());
   }
-  return record(rope_raw(x, seq_dim, 1.0, max_timescale), {x}, [seq_dim, max_timescale](const Tensor& g) {
-    return std::vector<Tensor>{rope_raw(g, seq_dim, -1.0, max_timescale)};
+  return record(rope_raw(x, seq_dim, 1.0, style), {x}, [seq_dim, style](const Tensor& g) {
+    return std::vector<Tensor>{rope_raw(g, seq_dim, -1.0, style)};
   });
+}
+
+}  // namespace
+
+Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale) {
+  return rope_styled(x, seq_dim, {.max_timescale = max_timescale});
+}
+
+Tensor llama_rope(const Tensor& x, size_t seq_dim, double max_timescale, bool llama3_scaling) {
+  return rope_styled(x, seq_dim, {.max_timescale = max_timescale, .interleaved = true, .llama3_scaling = llama3_scaling});
 }
 
 Tensor cast(const Tensor& x, DType dtype) {

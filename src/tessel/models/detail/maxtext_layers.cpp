@@ -163,6 +163,16 @@ Tensor rms_norm_forward(const MaxTextConfig& c, const Weights& norm, const Tenso
   return ops::rms_norm(x, norm("scale"), c.normalization_layer_epsilon);
 }
 
+Tensor rope_forward(const MaxTextConfig& c, const Tensor& x) {
+  // MaxText's choice (attentions.py, init_rotary_embedding) for these families.
+  const bool llama31 = c.model_name.starts_with("llama3.1") || c.rope_type.starts_with("llama3.1");
+  if (!llama31 && c.rope_type != "default")
+    throw ValueError("rope_type '" + c.rope_type + "': tessel's forward pass has the default and llama3.1 ropes");
+  if (c.rope_min_timescale != 1 || (!llama31 && c.rope_linear_scaling_factor != 1))
+    throw ValueError("rope_min_timescale and rope_linear_scaling_factor other than 1 are not in tessel's forward pass yet");
+  return llama31 ? ops::llama_rope(x, 1, c.rope_max_timescale, c.rope_use_scale) : ops::rope(x, 1, c.rope_max_timescale);
+}
+
 Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale) {
   const int64_t b = x.shape()[0], s = x.shape()[1], e = x.shape()[2];
   const int64_t h = c.num_query_heads, kv = c.num_kv_heads, d = c.head_dim;
@@ -178,8 +188,8 @@ Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor&
     q = rms_norm_forward(c, sub(w, "query_norm"), q);
     k = rms_norm_forward(c, sub(w, "key_norm"), k);
   }
-  q = ops::rope(q, 1, c.rope_max_timescale);
-  k = ops::rope(k, 1, c.rope_max_timescale);
+  q = rope_forward(c, q);
+  k = rope_forward(c, k);
   if (query_scale != 1.0) q = ops::scale(q, query_scale);
   const Tensor merged = nn::causal_attention(q, k, v);
   return ops::dot(merged, ops::reshape(w("out/kernel"), Shape{h * d, e}));

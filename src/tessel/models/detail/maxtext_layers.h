@@ -75,6 +75,9 @@ using Weights = std::function<Tensor(const std::string& path)>;
 Weights sub(const Weights& w, const std::string& name);
 
 Tensor rms_norm_forward(const MaxTextConfig& c, const Weights& norm, const Tensor& x);
+// Rotary positions on [batch, seq, heads, head_dim] as MaxText gives this config: halves paired
+// (RotaryEmbedding), or for llama3.1 neighbours paired with Llama 3.1's scaling (LLaMARotaryEmbedding).
+Tensor rope_forward(const MaxTextConfig& c, const Tensor& x);
 // x: [batch, seq, emb]. Causal self-attention with rotary positions (rope_max_timescale),
 // grouped-query when num_kv_heads < num_query_heads; `qk_norm` applies query_norm/key_norm,
 // `query_scale` multiplies the rotated queries (qwen3's head_dim^-0.5; llama2 folds it into init).

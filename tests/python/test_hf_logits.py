@@ -1,0 +1,145 @@
+"""The same logits as Hugging Face: tiny random Llama and Qwen3 models made by the real
+`transformers` (PyTorch 2.13 CPU, from a config in the test, never downloaded) and saved with
+`save_pretrained` convert through the shipped maps (`tessel ckpt convert --map`) into MaxText's
+tree; MaxText's llama2 and qwen3 families, configured from MaxText's own model files with `--set`
+to the same sizes, give HF's logits (f32, 1e-4 relative) through `tessel.forward` on 1 device and
+on 8 with tensor and fsdp parallelism. Back through the same map, the weights are HF's again."""
+import os
+import subprocess
+
+import numpy as np
+import torch
+import transformers
+
+import tessel
+from conftest import SHARED, cli
+from test_transformers_maps import tensors_of
+from trees import leaves
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+MAXTEXT = os.path.join(SHARED, "testdata", "maxtext")
+FAMILIES = {  # HF class, the map, MaxText's model file
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, "llama_maxtext.yml", "llama2-7b.yml"),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, "qwen3.yml", "qwen3-0.6b.yml"),
+}
+
+
+def run(*args):
+    r = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, f"{args}:\n{r.stderr}"
+    return r.stdout
+
+
+def tiny_model(r, family):
+    heads = r.choice([4, 8])
+    config_class, model_class, _, _ = FAMILIES[family]
+    config = config_class(vocab_size=r.choice([64, 96]), hidden_size=r.choice([32, 48]),
+                          intermediate_size=r.choice([40, 64]), num_hidden_layers=r.randint(1, 3),
+                          num_attention_heads=heads, num_key_value_heads=r.choice([2, 4]), head_dim=r.choice([8, 16]),
+                          tie_word_embeddings=r.random() < 0.5, rope_theta=r.choice([10000.0, 1000000.0]),
+                          rms_norm_eps=r.choice([1e-5, 1e-6]))
+    torch.manual_seed(r.randrange(2**31))
+    return config, model_class(config).eval()
+
+
+def maxtext_model(family, config, tensor=1, model_file=None, **more):
+    """MaxText's model file for the family, sized as the HF config (what a user passes with --set)."""
+    sets = dict(base_emb_dim=config.hidden_size, base_num_query_heads=config.num_attention_heads,
+                base_num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                base_mlp_dim=config.intermediate_size, base_num_decoder_layers=config.num_hidden_layers,
+                vocab_size=config.vocab_size, normalization_layer_epsilon=config.rms_norm_eps,
+                rope_max_timescale=config.rope_parameters["rope_theta"], logits_via_embedding=config.tie_word_embeddings,
+                normalize_embedding_logits=False, weight_dtype="float32", dtype="float32",
+                ici_fsdp_parallelism=-1, ici_tensor_parallelism=tensor, **more)
+    return tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", model_file or FAMILIES[family][3]),
+                                     os.path.join(MAXTEXT, "base.yml"), set=sets)
+
+
+def relative_error(got, want):
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def test_maxtext_families_give_transformers_logits_on_any_mesh(rng, tmp):
+    for family in FAMILIES:
+        config, model = tiny_model(rng, family)
+        print(family, config.to_dict())
+        hf = os.path.join(tmp, family)
+        model.save_pretrained(hf)
+        mapfile = os.path.join(ROOT, "examples", "maps", FAMILIES[family][2])
+        item = os.path.join(tmp, family + "_item")
+        run("ckpt", "convert", hf, item, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}")
+
+        tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (8, rng.randint(3, 12)),
+                                                                       dtype=np.int32)
+        with torch.no_grad():
+            want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+        for devices, tensor in [(1, 1), (8, 2)]:
+            m = maxtext_model(family, config, tensor)
+            mesh = m.maxtext_mesh(devices)
+            params = tessel.checkpoint.restore(item, mesh=mesh)  # each device reads its blocks
+            got = tessel.forward(m, params, tokens, mesh)
+            assert got.shape == want.shape and got.dtype == np.float32
+            err = relative_error(got, want)
+            print(f"{family} on {devices} device(s), tensor={tensor}: logits within {err:.2e} of transformers'")
+            assert err <= 1e-4, (family, devices, err)
+
+        if family == "llama":
+            # MaxText's llama takes the attention's 1/sqrt(head_dim) in the query kernel: the map for
+            # tessel's own transformer (which applies it in the attention) gives other logits here.
+            plain = os.path.join(tmp, "llama_plain")
+            run("ckpt", "convert", hf, plain, "--map", os.path.join(ROOT, "examples", "maps", "llama.yml"),
+                "--map-var", f"head_dim={config.head_dim}")
+            m = maxtext_model(family, config)
+            mesh = m.maxtext_mesh(1)
+            assert relative_error(tessel.forward(m, tessel.checkpoint.restore(plain, mesh=mesh), tokens, mesh),
+                                  want) > 1e-3
+
+        # Back to HF's names and layouts through the same map: HF's weights (the query's scale undone
+        # in float32).
+        back = os.path.join(tmp, family + "_back")
+        run("ckpt", "convert", item, back, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}",
+            "--to", "safetensors")
+        saved, again = tensors_of(hf), tensors_of(back)
+        assert sorted(saved) == sorted(again)
+        for name, value in saved.items():
+            np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
+
+
+def test_llama31_rope_as_maxtext_gives_it(rng, tmp):
+    """MaxText's llama3.1 model files rotate neighbouring pairs of head_dim with Llama 3.1's scaled
+    frequencies (LLaMARotaryEmbedding); HF keeps halves, so MaxText's conversion interleaves the
+    query and key kernels' head_dim. Done here in NumPy on the map's output, HF's llama3 rope and
+    tessel's give the same logits, at positions long enough for the scaling to matter."""
+    config, model = tiny_model(rng, "llama")
+    config.rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    model = transformers.LlamaForCausalLM(config).eval()
+    hf = os.path.join(tmp, "hf")
+    model.save_pretrained(hf)
+    item = os.path.join(tmp, "item")
+    run("ckpt", "convert", hf, item, "--map", os.path.join(ROOT, "examples", "maps", "llama_maxtext.yml"),
+        "--map-var", f"head_dim={config.head_dim}")
+    weights = {p: a.to_numpy() for p, a in leaves(tessel.checkpoint.restore(item)).items()}
+
+    def interleaved(kernel):  # [..., head_dim]: halves (HF) -> neighbours (MaxText's llama3.1)
+        half = kernel.shape[-1] // 2
+        return np.stack([kernel[..., :half], kernel[..., half:]], axis=-1).reshape(kernel.shape)
+
+    maxtext = dict(weights)
+    for name in ("query", "key"):
+        path = f"decoder/layers/self_attention/{name}/kernel"
+        maxtext[path] = interleaved(weights[path])
+    tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (2, 128), dtype=np.int32)
+    with torch.no_grad():
+        want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    m = maxtext_model("llama", config, model_file="llama3.1-8b.yml")
+    mesh = m.maxtext_mesh(1)
+    err = relative_error(tessel.forward(m, maxtext, tokens, mesh), want)
+    print(f"llama3.1: logits within {err:.2e} of transformers' llama3 rope")
+    assert err <= 1e-4
+    # Without the scaling (rope_use_scale=false) or without interleaving, the logits differ.
+    unscaled = maxtext_model("llama", config, model_file="llama3.1-8b.yml", rope_use_scale=False)
+    off = relative_error(tessel.forward(unscaled, maxtext, tokens, mesh), want)
+    print(f"llama3.1 without the scaling: {off:.2e}")
+    assert off > 10 * max(err, 1e-7)  # small weights attend weakly, so the scaling shows little
+    assert relative_error(tessel.forward(m, weights, tokens, mesh), want) > 1e-3
