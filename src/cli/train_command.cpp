@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/items.h"
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
@@ -23,6 +25,7 @@
 #include "tessel/runtime/process_group.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/models/model_config.h"
+#include "tessel/state/init.h"
 #include "tessel/state/plan.h"
 
 namespace tessel::cli {
@@ -40,6 +43,7 @@ mlp: 512
 struct TrainArgs {
   ModelArgs model;
   std::string mesh = "data=2,fsdp=2,tensor=2", layout = "tessel", data, checkpoint_dir, metrics, optimizer = "adamw";
+  std::string init_from;
   int64_t steps = 300, batch = 16, seq = 128, warmup = 20, checkpoint_every = 0, log_every = 10, keep = 3;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
   uint64_t seed = 0;
@@ -52,6 +56,47 @@ struct TrainArgs {
 std::string duration(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, std::round(seconds)));
   return fmt::format("{}:{:02d}", s / 60, s % 60);
+}
+
+// The parameters of the checkpoint at `path` (tessel's tree at its top, MaxText's under
+// params/params/ or params/) placed on the trainer's shardings (cast to the model's dtypes), and
+// a fresh optimizer state: the start of a fine-tuning run.
+State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const std::string& path, std::string* note) {
+  const std::filesystem::path item = find_item_dir(path);
+  const State saved = saved_abstract_state(item);
+  const State params = eval_shape(t.module(), t.mesh(), t.rules(), t.resolve_options());
+  std::string prefix, first_missing;
+  bool found = false;
+  for (const std::string candidate : {"", "params/params/", "params/"}) {
+    std::string missing;
+    for (const auto& [p, v] : params) {
+      if (!saved.contains(candidate + p)) {
+        missing = candidate + p;
+        break;
+      }
+    }
+    if (missing.empty()) {
+      prefix = candidate;
+      found = true;
+      break;
+    }
+    if (first_missing.empty()) first_missing = missing;
+  }
+  if (!found)
+    throw ValueError(fmt::format("--init-from {}: the checkpoint does not hold this model's parameters at its top, "
+                                 "under params/params/ or under params/ (it lacks '{}')",
+                                 item.string(), first_missing));
+  State target;
+  for (const auto& [p, v] : params)
+    target.insert(prefix + p, Variable::abstract(kParam, v.shape(), v.dtype(), v.sharding(), v.partitioning()));
+  RestoreOptions options;
+  options.partial = true;
+  const State restored = restore(rt, item, target, options);
+  State placed;
+  for (const auto& [p, v] : params) placed.insert(p, restored.at(prefix + p));
+  *note = fmt::format("  initialized {} parameters from {}{}\n", params.size(), item.string(),
+                      prefix.empty() ? "" : " (under " + prefix.substr(0, prefix.size() - 1) + ")");
+  return State::merge({placed, nn::init_optimizer(t.optimizer(), placed)});
 }
 
 std::string plan_summary(const models::Trainer& t, const State& abstract, const TrainArgs& a) {
@@ -95,7 +140,7 @@ nlohmann::json configuration(const TrainArgs& a) {
                    {"checkpoint_dir", a.checkpoint_dir}, {"layout", a.layout}, {"optimizer", a.optimizer},
                    {"steps", a.steps},   {"batch", a.batch}, {"seq", a.seq}, {"warmup", a.warmup},
                    {"checkpoint_every", a.checkpoint_every}, {"keep", a.keep}, {"lr", a.lr}, {"clip", a.clip},
-                   {"weight_decay", a.weight_decay}, {"seed", a.seed}, {"resume", a.resume},
+                   {"weight_decay", a.weight_decay}, {"seed", a.seed}, {"resume", a.resume}, {"init_from", a.init_from},
                    {"stop_at", a.stop_at ? *a.stop_at : -1}, {"storage", a.storage.storage}, {"zarr3", a.storage.zarr3}};
 }
 
@@ -226,7 +271,7 @@ void train(const TrainArgs& a) {
       throw ValueError(fmt::format("{} already holds step {}: pass --resume to continue it, or another --checkpoint-dir",
                                    a.checkpoint_dir, *latest));
     }
-    state = trainer.init(a.seed);
+    state = a.init_from.empty() ? trainer.init(a.seed) : init_from_checkpoint(rt, trainer, a.init_from, &resumed);
   }
   out << plan_summary(trainer, abstract, a);
   if (data) out << fmt::format("  data: {} ({} bytes)\n", data->path().string(), data->size());
@@ -332,6 +377,9 @@ void add_train_command(CLI::App& app) {
   c->add_option("--checkpoint-every", args->checkpoint_every, "Save every K steps (and always at the end)");
   c->add_option("--keep", args->keep, "Checkpoints to keep")->capture_default_str();
   c->add_flag("--resume", args->resume, "Continue from the latest checkpoint, on the mesh given now");
+  c->add_option("--init-from", args->init_from,
+                "Start from the parameters of this checkpoint (tessel's tree, MaxText's params/params, or one "
+                "converted from safetensors) with a fresh optimizer; a checkpoint --resume finds comes first");
   c->add_option("--metrics", args->metrics, "Write one JSON object per step to this file (jsonl)");
   c->add_option("--log-every", args->log_every, "Progress line every K steps")->capture_default_str();
   add_runtime_options(c, args->runtime);

@@ -4,6 +4,7 @@
 tree; MaxText's llama2 and qwen3 families, configured from MaxText's own model files with `--set`
 to the same sizes, give HF's logits (f32, 1e-4 relative) through `tessel.forward` on 1 device and
 on 8 with tensor and fsdp parallelism. Back through the same map, the weights are HF's again."""
+import json
 import os
 import subprocess
 
@@ -143,3 +144,68 @@ def test_llama31_rope_as_maxtext_gives_it(rng, tmp):
     print(f"llama3.1 without the scaling: {off:.2e}")
     assert off > 10 * max(err, 1e-7)  # small weights attend weakly, so the scaling shows little
     assert relative_error(tessel.forward(m, weights, tokens, mesh), want) > 1e-3
+
+
+DATA = "/usr/share/common-licenses/GPL-3"
+
+
+def test_a_hf_checkpoint_fine_tunes_sharded_and_goes_back_to_transformers(rng, tmp):
+    """Hugging Face -> MaxText's tree -> `tessel train --init-from` on 8 devices -> safetensors that
+    transformers loads: the first loss is HF's own on that batch, and the trained model's logits in
+    transformers equal tessel's."""
+    probe = os.environ.get("TESSEL_TRAIN_PROBE")
+    assert probe and os.path.exists(probe), "TESSEL_TRAIN_PROBE names the train_probe helper (ctest sets it)"
+    config, _ = tiny_model(rng, "qwen3")
+    config.vocab_size = 256  # tessel train reads bytes
+    torch.manual_seed(rng.randrange(2**31))
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    hf = os.path.join(tmp, "hf")
+    model.save_pretrained(hf)
+    mapfile = os.path.join(ROOT, "examples", "maps", "qwen3.yml")
+    run("ckpt", "convert", hf, os.path.join(tmp, "item"), "--map", mapfile, "--map-var", f"head_dim={config.head_dim}")
+    m = maxtext_model("qwen3", config, tensor=2)
+    sets = [f"{k}={v}" for k, v in dict(
+        base_emb_dim=config.hidden_size, base_num_query_heads=config.num_attention_heads,
+        base_num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, base_mlp_dim=config.intermediate_size,
+        base_num_decoder_layers=config.num_hidden_layers, vocab_size=256, normalization_layer_epsilon=config.rms_norm_eps,
+        rope_max_timescale=config.rope_parameters["rope_theta"],
+        logits_via_embedding=str(config.tie_word_embeddings).lower(), normalize_embedding_logits="false",
+        weight_dtype="float32", dtype="float32").items()]
+    seed, steps, batch, seq = rng.randrange(1000), 3, 8, 16
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    out = run("train", "--model", os.path.join(MAXTEXT, "models", "qwen3-0.6b.yml"), "--base",
+              os.path.join(MAXTEXT, "base.yml"), *[a for s in sets for a in ("--set", s)], "--mesh", "fsdp=4,tensor=2",
+              "--init-from", os.path.join(tmp, "item"), "--steps", steps, "--batch", batch, "--seq", seq, "--seed", seed,
+              "--data", DATA, "--checkpoint-dir", os.path.join(tmp, "run"), "--metrics", metrics)
+    assert "initialized" in out, out
+    losses = [json.loads(line)["loss"] for line in open(metrics)]
+
+    subprocess.run([probe, "batches", DATA, str(seed), "1", str(batch), str(seq), os.path.join(tmp, "batches")],
+                   check=True, capture_output=True)
+    batches = tessel.checkpoint.restore(os.path.join(tmp, "batches"))
+    inputs, targets = batches["inputs"].to_numpy()[0], batches["targets"].to_numpy()[0]
+    with torch.no_grad():
+        logits = model(torch.tensor(inputs, dtype=torch.long)).logits
+        hf_loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 256), torch.tensor(targets).long().reshape(-1)))
+    print(f"first loss: tessel {losses[0]:.6f}, transformers {hf_loss:.6f}; then {losses[1:]}")
+    assert abs(losses[0] - hf_loss) <= 1e-5 * abs(hf_loss)
+
+    # Back: the trained parameters (not the optimizer's moments) as HF's safetensors.
+    back = os.path.join(tmp, "back")
+    run("ckpt", "convert", os.path.join(tmp, "run", str(steps), "default"), back, "--select",
+        "token_embedder.*,decoder.*", "--map", mapfile, "--map-var", f"head_dim={config.head_dim}", "--to", "safetensors")
+    config.save_pretrained(back)
+    trained = transformers.Qwen3ForCausalLM.from_pretrained(back).eval()
+    assert not torch.equal(trained.model.norm.weight, model.model.norm.weight)  # it trained
+    params = tessel.checkpoint.restore(os.path.join(tmp, "run", str(steps), "default"), mesh=m.maxtext_mesh(8),
+                                       select=["token_embedder.*", "decoder.*"])
+    with torch.no_grad():
+        want = trained(torch.tensor(inputs, dtype=torch.long)).logits.numpy()
+    assert relative_error(tessel.forward(m, params, inputs, m.maxtext_mesh(8)), want) <= 1e-4
+
+    # A checkpoint without this model's parameters is named, with what it lacks.
+    r = subprocess.run([cli(), "train", "--model", os.path.join(MAXTEXT, "models", "qwen3-0.6b.yml"), "--base",
+                        os.path.join(MAXTEXT, "base.yml"), *[a for s in sets for a in ("--set", s)], "--mesh", "fsdp=8",
+                        "--init-from", os.path.join(tmp, "batches"), "--steps", "1"], capture_output=True, text=True)
+    assert r.returncode != 0 and "does not hold this model's parameters" in r.stderr and "it lacks 'decoder/" in r.stderr, \
+        r.stderr
