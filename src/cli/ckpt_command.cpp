@@ -540,7 +540,8 @@ void add_ckpt_command(CLI::App& app) {
   add_storage_options(c, args->storage);
   c->add_option("--rename", args->rename, "Move subtrees: old=new prefixes ('params.params=' strips one)");
   c->add_option("--map", args->map,
-                "Key map between two trees (YAML: rename by patterns, transpose, split, stack layers), applied "
+                "Key map between two trees (YAML: rename by patterns, transpose, split, interleave, stack layers, "
+                "scale), applied "
                 "forward or backward as the source's names match; see examples/maps/")
       ->check(CLI::ExistingFile);
   c->add_option("--map-var", args->map_vars, "Values for the map's {names}: NAME=VALUE,...");

@@ -155,5 +155,23 @@ TEST(KeyMap, ScaleMultipliesForwardAndDividesBackward) {
   }
 }
 
+TEST(KeyMap, InterleaveTurnsHalvesIntoNeighboursAndBack) {
+  const KeyMap map = parse_key_map("rules:\n  - {from: q, to: k, split: [1, [2, -1]], interleave: 2}\n", "map.yml");
+  // [3, 2*4] split into [3, 2, 4]; along the last axis (a b c d) -> (a c b d).
+  std::vector<int32_t> v(24);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i);
+  const std::map<std::string, HostArray> values{{"q", HostArray::from<int32_t>({3, 8}, v)}};
+  const auto there = apply_plan(plan_key_map(map, abstract(values)), values);
+  EXPECT_EQ(there.at("k").shape(), Shape({3, 2, 4}));
+  const auto k = there.at("k").values<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(k.begin(), k.begin() + 8), (std::vector<int32_t>{0, 2, 1, 3, 4, 6, 5, 7}));
+  const auto back = apply_plan(plan_key_map(map, abstract(there)), there);
+  EXPECT_EQ(back.at("q"), values.at("q"));
+  const std::map<std::string, HostArray> odd{{"q", HostArray(Shape{3, 6}, DType::kF32)}};
+  EXPECT_THAT([&] { plan_key_map(map, abstract(odd)); }, ThrowsMessage<ValueError>(HasSubstr("interleave axis 2")));
+  EXPECT_THAT([] { parse_key_map("rules:\n  - {from: a, to: b, interleave: -1}\n", "m.yml"); },
+              ThrowsMessage<ParseError>(HasSubstr("interleave")));
+}
+
 }  // namespace
 }  // namespace tessel

@@ -106,44 +106,48 @@ def test_maxtext_families_give_transformers_logits_on_any_mesh(rng, tmp):
             np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
 
 
-def test_llama31_rope_as_maxtext_gives_it(rng, tmp):
+def test_llama31_through_its_map_gives_transformers_logits(rng, tmp):
     """MaxText's llama3.1 model files rotate neighbouring pairs of head_dim with Llama 3.1's scaled
-    frequencies (LLaMARotaryEmbedding); HF keeps halves, so MaxText's conversion interleaves the
-    query and key kernels' head_dim. Done here in NumPy on the map's output, HF's llama3 rope and
-    tessel's give the same logits, at positions long enough for the scaling to matter."""
-    config, model = tiny_model(rng, "llama")
+    frequencies (LLaMARotaryEmbedding); HF keeps halves, so examples/maps/llama31_maxtext.yml
+    interleaves the query and key kernels' head_dim (as MaxText's conversion does). Through it, HF's
+    llama3 rope and tessel's give the same logits, at positions long enough for the scaling to
+    matter, and the map takes the weights back to HF's."""
+    config, _ = tiny_model(rng, "llama")
     config.rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    torch.manual_seed(rng.randrange(2**31))
     model = transformers.LlamaForCausalLM(config).eval()
     hf = os.path.join(tmp, "hf")
     model.save_pretrained(hf)
+    mapfile = os.path.join(ROOT, "examples", "maps", "llama31_maxtext.yml")
     item = os.path.join(tmp, "item")
-    run("ckpt", "convert", hf, item, "--map", os.path.join(ROOT, "examples", "maps", "llama_maxtext.yml"),
-        "--map-var", f"head_dim={config.head_dim}")
-    weights = {p: a.to_numpy() for p, a in leaves(tessel.checkpoint.restore(item)).items()}
-
-    def interleaved(kernel):  # [..., head_dim]: halves (HF) -> neighbours (MaxText's llama3.1)
-        half = kernel.shape[-1] // 2
-        return np.stack([kernel[..., :half], kernel[..., half:]], axis=-1).reshape(kernel.shape)
-
-    maxtext = dict(weights)
-    for name in ("query", "key"):
-        path = f"decoder/layers/self_attention/{name}/kernel"
-        maxtext[path] = interleaved(weights[path])
+    run("ckpt", "convert", hf, item, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}")
     tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (2, 128), dtype=np.int32)
     with torch.no_grad():
         want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
     m = maxtext_model("llama", config, model_file="llama3.1-8b.yml")
     mesh = m.maxtext_mesh(1)
-    err = relative_error(tessel.forward(m, maxtext, tokens, mesh), want)
+    weights = {p: a.to_numpy() for p, a in leaves(tessel.checkpoint.restore(item, mesh=mesh)).items()}
+    err = relative_error(tessel.forward(m, weights, tokens, mesh), want)
     print(f"llama3.1: logits within {err:.2e} of transformers' llama3 rope")
     assert err <= 1e-4
-    # Without the scaling (rope_use_scale=false) or without interleaving, the logits differ.
+    # Without the scaling (rope_use_scale=false), or through the map without the interleave, the
+    # logits differ (small random weights attend weakly, so the scaling shows less).
     unscaled = maxtext_model("llama", config, model_file="llama3.1-8b.yml", rope_use_scale=False)
-    off = relative_error(tessel.forward(unscaled, maxtext, tokens, mesh), want)
+    off = relative_error(tessel.forward(unscaled, weights, tokens, mesh), want)
     print(f"llama3.1 without the scaling: {off:.2e}")
-    assert off > 10 * max(err, 1e-7)  # small weights attend weakly, so the scaling shows little
-    assert relative_error(tessel.forward(m, weights, tokens, mesh), want) > 1e-3
+    assert off > 10 * max(err, 1e-7)
+    plain = os.path.join(tmp, "plain")
+    run("ckpt", "convert", hf, plain, "--map", os.path.join(ROOT, "examples", "maps", "llama_maxtext.yml"),
+        "--map-var", f"head_dim={config.head_dim}")
+    assert relative_error(tessel.forward(m, tessel.checkpoint.restore(plain, mesh=mesh), tokens, mesh), want) > 1e-3
+    back = os.path.join(tmp, "back")
+    run("ckpt", "convert", item, back, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}", "--to",
+        "safetensors")
+    saved, again = tensors_of(hf), tensors_of(back)
+    assert sorted(saved) == sorted(again)
+    for name, value in saved.items():
+        np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
 
 
 DATA = "/usr/share/common-licenses/GPL-3"

@@ -175,6 +175,36 @@ Shape split_shape(const KeyMapRule& r, const Shape& s, const std::string& what) 
   out.insert(out.end(), s.dims().begin() + static_cast<long>(axis) + 1, s.dims().end());
   return Shape(std::move(out));
 }
+
+// The split layout's interleave axis exists and is even.
+void check_interleave(const KeyMapRule& r, const Shape& s, const std::string& what) {
+  if (!r.interleave) return;
+  const auto axis = static_cast<size_t>(*r.interleave);
+  if (axis >= s.rank() || s[axis] % 2 != 0)
+    throw ValueError(fmt::format("{}: interleave axis {} needs an even dimension of {}", what, axis, s.to_string()));
+}
+
+// Along `axis`, halves to neighbours (out[2k] = in[k], out[2k+1] = in[k + n/2]) or back.
+HostArray interleaved(const HostArray& in, size_t axis, bool forward) {
+  const Shape& s = in.shape();
+  const size_t item = item_size(in.dtype());
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= s[d];
+  for (size_t d = axis + 1; d < s.rank(); ++d) inner *= s[d];
+  const int64_t n = s[axis], half = n / 2;
+  const auto block = static_cast<size_t>(inner) * item;
+  HostArray out(s, in.dtype());
+  const std::byte* src = in.bytes().data();
+  std::byte* dst = out.mutable_bytes().data();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t paired = k < half ? 2 * k : 2 * (k - half) + 1;  // halves index k -> neighbours index
+      const int64_t from = forward ? k : paired, to = forward ? paired : k;
+      std::memcpy(dst + static_cast<size_t>(o * n + to) * block, src + static_cast<size_t>(o * n + from) * block, block);
+    }
+  }
+  return out;
+}
 Shape merge_shape(const KeyMapRule& r, const Shape& s, const std::string& what) {
   if (!r.split_axis) return s;
   const auto axis = static_cast<size_t>(*r.split_axis), n = r.split_sizes.size();
@@ -310,10 +340,12 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
     if (!n.IsMap()) fail(source, n, "each rule is a mapping with from and to");
     for (const auto& kv : n) {
       const std::string key = kv.first.as<std::string>();
-      static const std::set<std::string> known = {"from", "to", "transpose", "split", "stack", "scale", "optional"};
+      static const std::set<std::string> known = {"from",  "to",         "transpose", "split",
+                                                  "stack", "interleave", "scale",     "optional"};
       if (!known.contains(key))
         fail(source, kv.first,
-             fmt::format("unknown rule key '{}' (expected from, to, transpose, split, stack, scale, optional)", key));
+             fmt::format("unknown rule key '{}' (expected from, to, transpose, split, interleave, stack, scale, "
+                         "optional)", key));
     }
     KeyMapRule r;
     r.from = pattern_of(source, n, "from");
@@ -347,6 +379,10 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
       fail(source, n, "from has {i} and to has not: say along which axis the layers stack (stack: AXIS)");
     if (r.stack && !(has_index(r.from) && !has_index(r.to)))
       fail(source, n["stack"], "stack needs {i} in from and not in to");
+    if (const YAML::Node i = n["interleave"]) {
+      r.interleave = int_of(source, i, vars, "interleave");
+      if (*r.interleave < 0) fail(source, i, "interleave must be a non-negative axis");
+    }
     if (const YAML::Node f = n["scale"]) r.scale = scale_of(source, f, vars);
     if (const YAML::Node o = n["optional"]) r.optional = o.as<bool>();
     map.rules.push_back(std::move(r));
@@ -423,6 +459,7 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
         throw ValueError(fmt::format("{}: transpose of {} axes for a rank-{} tensor", what, r.transpose.size(),
                                      v.shape().rank()));
       const Shape s = split_shape(r, transposed(v.shape(), r.transpose), what);
+      check_interleave(r, s, what);
       if (r.stack) {
         stacks[r.to].emplace_back(m.index, path);
         stack_rule[r.to] = m.rule;
@@ -435,12 +472,14 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
         if (axis >= v.shape().rank())
           throw ValueError(fmt::format("{}: no axis {} to unstack in a rank-{} tensor", what, axis, v.shape().rank()));
         const Shape slice = remove_axis(v.shape(), axis);
+        check_interleave(r, slice, what);
         const Shape s = untransposed(merge_shape(r, slice, what), r.transpose);
         for (int64_t i = 0; i < v.shape()[axis]; ++i)
           plan.tensors.push_back({with_index(r.from, i), s, v.dtype(), {path}, std::nullopt, *r.stack, i, &r, false});
       } else {
         if (r.transpose.size() && r.transpose.size() != merge_shape(r, v.shape(), what).rank())
           throw ValueError(fmt::format("{}: transpose of {} axes does not fit", what, r.transpose.size()));
+        check_interleave(r, v.shape(), what);
         const Shape s = untransposed(merge_shape(r, v.shape(), what), r.transpose);
         plan.tensors.push_back({with_index(r.from, m.index), s, v.dtype(), {path}, std::nullopt, std::nullopt, 0, &r, false});
       }
@@ -494,7 +533,10 @@ HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*
   const KeyMapRule& r = *t.rule;
   const size_t item = item_size(t.dtype);
   if (t.forward) {
-    auto one = [&](const HostArray& a) { return reshaped(transpose(a, r.transpose), split_shape(r, transposed(a.shape(), r.transpose), t.path)); };
+    auto one = [&](const HostArray& a) {
+      HostArray split = reshaped(transpose(a, r.transpose), split_shape(r, transposed(a.shape(), r.transpose), t.path));
+      return r.interleave ? interleaved(split, static_cast<size_t>(*r.interleave), true) : split;
+    };
     if (!t.stack) return one(*sources.front());
     HostArray out(t.shape, t.dtype);
     const auto axis = static_cast<size_t>(*t.stack);
@@ -514,6 +556,7 @@ HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*
     copy_region(src.bytes().data(), Box::full(src.shape()), slice.mutable_bytes().data(), region, region, item);
     piece = std::move(slice);
   }
+  if (r.interleave) piece = interleaved(piece, static_cast<size_t>(*r.interleave), false);
   const Shape merged = merge_shape(r, piece.shape(), t.path);
   return transpose(reshaped(std::move(piece), merged), r.transpose.empty() ? r.transpose : inverse(r.transpose));
 }

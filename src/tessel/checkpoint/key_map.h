@@ -16,8 +16,11 @@
 //     - from: model.layers.{i}.self_attn.q_proj.weight     # MaxText's llama folds the attention's
 //       to: decoder.layers.self_attention.query.kernel     # 1/sqrt(head_dim) into the query kernel
 //       scale: "1/sqrt({head_dim})"      # a number, sqrt(N) or A/B of those; backward divides
+//       interleave: 2                    # axis 2 (after split) from halves to neighbours: rope
+//                                        # pairs (k, k + d/2) become (2k, 2k + 1), as MaxText's llama3.1
 //
-// Steps apply in the order transpose, split, stack (backward: unstack, merge, transpose back);
+// Steps apply in the order transpose, split, interleave, stack (backward: unstack, de-interleave,
+// merge, transpose back);
 // `scale` multiplies floating-point values, in float32 for 16-bit types (rounded back to nearest
 // even), as MaxText's conversion hooks do.
 // Names use '.' or '/' between levels. `{i}` stands for a layer index 0..n-1; in `from` alone it
@@ -45,6 +48,7 @@ struct KeyMapRule {
   std::vector<int64_t> split_sizes;              // ... into these sizes (one may be -1)
   std::optional<int64_t> stack;                  // stack axis of the result, for {i} in `from` only
   std::optional<double> scale;                   // forward factor; backward divides by it
+  std::optional<int64_t> interleave;             // axis (after the split) to interleave its halves along
   bool optional = false;
 };
 
