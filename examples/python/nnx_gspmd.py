@@ -192,14 +192,16 @@ def create_sharded(config, mesh, rules, seed=0):
         return create()
 
 
+def flat(state):
+    """{"decoder/layers/...": value} of an NNX state (of arrays, specs or abstract values)."""
+    return {"/".join(str(k) for k in path): v.get_value() if isinstance(v, nnx.Variable) else v
+            for path, v in nnx.to_flat_state(state)}
+
+
 def nnx_specs(tree, rules):
     """{path: PartitionSpec} that Flax NNX gives each variable of `tree` (a module or optimizer)."""
     with nnx.logical_axis_rules(rules.rules):
-        specs = nnx.get_partition_spec(nnx.state(tree))
-    flat = {}
-    for path, v in nnx.to_flat_state(specs):
-        flat["/".join(str(k) for k in path)] = v.get_value() if isinstance(v, nnx.Variable) else v
-    return flat
+        return flat(nnx.get_partition_spec(nnx.state(tree)))
 
 
 def tessel_specs(model_yaml, tessel_mesh, rules):

@@ -58,11 +58,7 @@ using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::
 HostArray host_array(const std::string& dtype, nb::handle shape, nb::handle bytes, const std::string& what) {
   const Bytes b = nb::cast<Bytes>(bytes);
   const auto* p = reinterpret_cast<const std::byte*>(b.data());
-  HostArray out(to_shape(shape, what + " shape"), parse_dtype(dtype));
-  if (static_cast<int64_t>(b.size()) != out.nbytes())
-    throw ValueError(what + ": " + std::to_string(b.size()) + " bytes for " + out.type_string());
-  std::copy(p, p + b.size(), out.mutable_bytes().begin());
-  return out;
+  return HostArray(to_shape(shape, what + " shape"), parse_dtype(dtype), std::vector<std::byte>(p, p + b.size()));
 }
 
 // weights: (path, dtype name, shape, C-order bytes) per parameter; inputs likewise without a path.

@@ -22,8 +22,8 @@ namespace tessel::cli {
 namespace {
 
 struct ShardingsArgs {
-  std::string rules, logical, mesh, out, spec, shape, model, base;
-  std::vector<std::string> sets;
+  ModelArgs model;  // --rules alone (with --logical), or a MaxText model
+  std::string logical, mesh, out, spec, shape;
   std::optional<int64_t> devices;
   bool remove_size_one = false, drop_indivisible = false, strict = false, explain = false, show = false;
 };
@@ -72,14 +72,14 @@ void resolve_entries(const ShardingsArgs& a, const LogicalRules& rules, const Me
 }
 
 void run_rules(const ShardingsArgs& a) {
-  LogicalRules rules = load_rules(a.rules);
+  LogicalRules rules = load_rules(a.model.rules);
   if (a.mesh.empty()) throw ValueError("give --mesh, e.g. --mesh fsdp=16");
   resolve_entries(a, rules, Mesh::parse(a.mesh, rules.mesh_axes()), load_logical_dump(a.logical));
 }
 
 // A MaxText model's TrainState, each leaf resolved as MaxText's named_shardings.json has it.
 void run_model(const ShardingsArgs& a) {
-  const ModelConfig model = load_model(ModelArgs{.model = a.model, .base = a.base, .rules = a.rules, .sets = a.sets});
+  const ModelConfig model = load_model(a.model);
   const auto& c = std::get<MaxTextConfig>(model.config);
   const Mesh mesh = model_mesh(model, a.mesh, c.rules, a.devices);
   const State params = eval_shape(maxtext_model(c), mesh, c.rules);
@@ -117,16 +117,13 @@ void add_shardings_command(CLI::App& app) {
       "      the same for a MaxText model's TrainState, built from MaxText's files.\n"
       "  tessel shardings --mesh data=2,fsdp=4 --spec '[\"fsdp\", null]' --shape 16,8 --show\n"
       "      draws how one PartitionSpec splits an array (without --show: each device's box).");
-  cmd->add_option("--rules", args->rules, "Logical axis rules: MaxText YAML (logical_axis_rules, mesh_axes) or JSON")
-      ->check(CLI::ExistingFile);
+  add_model_options(cmd, args->model, "A MaxText model file (with --base): resolve its TrainState's leaves",
+                    "Logical axis rules: MaxText YAML (logical_axis_rules, mesh_axes) or JSON; with --base, a "
+                    "custom mesh-and-rule file replacing base.yml's");
   cmd->add_option("--logical", args->logical,
                   "MaxText logical dump: {path: {\"partition_spec\": [names], \"shape\": [...]}}")
       ->check(CLI::ExistingFile);
   cmd->add_option("--mesh", args->mesh, "Mesh axes and sizes in device order, e.g. data=2,fsdp=4");
-  cmd->add_option("--model", args->model, "A MaxText model file (with --base): resolve its TrainState's leaves")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--base", args->base, "MaxText's base.yml, under --model")->check(CLI::ExistingFile);
-  cmd->add_option("--set", args->sets, "MaxText config override key=value (repeat it)");
   cmd->add_option("--devices", args->devices, "With --model and no --mesh: MaxText's mesh for this many devices");
   cmd->add_flag("--remove-size-one-axes", args->remove_size_one,
                 "Drop mesh axes of size 1 from the result (MaxText); a missing axis counts as size 1");
@@ -141,13 +138,13 @@ void add_shardings_command(CLI::App& app) {
   cmd->add_flag("--show", args->show, "Draw the sharding as text (per entry with --rules/--logical)");
   cmd->callback([args]() {
     const ShardingsArgs& a = *args;
-    const bool model_mode = !a.model.empty() || !a.base.empty();
-    bool rules_mode = !model_mode && (!a.rules.empty() || !a.logical.empty());
+    const bool model_mode = !a.model.model.empty() || !a.model.base.empty();
+    bool rules_mode = !model_mode && (!a.model.rules.empty() || !a.logical.empty());
     bool spec_mode = !a.spec.empty() || !a.shape.empty();
     if (model_mode) {
-      if (a.model.empty() || a.base.empty())
-        throw ValueError(a.model.empty() ? "--base needs --model (a MaxText model file)"
-                                         : "--model needs --base (MaxText's base.yml)");
+      if (a.model.model.empty() || a.model.base.empty())
+        throw ValueError(a.model.model.empty() ? "--base needs --model (a MaxText model file)"
+                                               : "--model needs --base (MaxText's base.yml)");
       if (!a.logical.empty() || spec_mode) throw ValueError("--model resolves the model's own leaves: leave out --logical, --spec");
       run_model(a);
       return;
@@ -155,8 +152,8 @@ void add_shardings_command(CLI::App& app) {
     if (rules_mode && spec_mode)
       throw ValueError("use either --rules with --logical, or --spec with --shape, not both");
     if (rules_mode) {
-      if (a.rules.empty() || a.logical.empty())
-        throw ValueError(a.rules.empty() ? "--logical needs --rules" : "--rules needs --logical");
+      if (a.model.rules.empty() || a.logical.empty())
+        throw ValueError(a.model.rules.empty() ? "--logical needs --rules" : "--rules needs --logical");
       run_rules(a);
     } else if (spec_mode) {
       if (a.spec.empty() || a.shape.empty())

@@ -25,7 +25,6 @@
 #include "tessel/runtime/process_group.h"
 #include "tessel/sharding/rules_io.h"
 #include "tessel/models/model_config.h"
-#include "tessel/state/init.h"
 #include "tessel/state/plan.h"
 
 namespace tessel::cli {
@@ -59,43 +58,33 @@ std::string duration(double seconds) {
 }
 
 // The parameters of the checkpoint at `path` (tessel's tree at its top, MaxText's under
-// params/params/ or params/) placed on the trainer's shardings (cast to the model's dtypes), and
-// a fresh optimizer state: the start of a fine-tuning run.
-State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const std::string& path, std::string* note) {
+// params/params/ or params/) placed as `abstract`'s parameters (cast to their dtypes), and a fresh
+// optimizer state: the start of a fine-tuning run.
+State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const State& abstract, const std::string& path,
+                           std::string* note) {
   const std::filesystem::path item = find_item_dir(path);
   const State saved = saved_abstract_state(item);
-  const State params = eval_shape(t.module(), t.mesh(), t.rules(), t.resolve_options());
-  std::string prefix, first_missing;
-  bool found = false;
-  for (const std::string candidate : {"", "params/params/", "params/"}) {
-    std::string missing;
-    for (const auto& [p, v] : params) {
-      if (!saved.contains(candidate + p)) {
-        missing = candidate + p;
-        break;
-      }
-    }
-    if (missing.empty()) {
-      prefix = candidate;
-      found = true;
-      break;
-    }
-    if (first_missing.empty()) first_missing = missing;
-  }
-  if (!found)
+  const State params = std::get<0>(abstract.split(Filter::kind(kParam), Filter::all()));
+  auto first_missing = [&](const std::string& prefix) -> std::optional<std::string> {
+    for (const auto& [p, v] : params)
+      if (!saved.contains(prefix + p)) return prefix + p;
+    return std::nullopt;
+  };
+  const std::vector<std::string> prefixes = {"", "params/params/", "params/"};
+  const auto prefix = std::find_if(prefixes.begin(), prefixes.end(), [&](const auto& p) { return !first_missing(p); });
+  if (prefix == prefixes.end())
     throw ValueError(fmt::format("--init-from {}: the checkpoint does not hold this model's parameters at its top, "
                                  "under params/params/ or under params/ (it lacks '{}')",
-                                 item.string(), first_missing));
+                                 item.string(), *first_missing("")));
   State target;
-  for (const auto& [p, v] : params)
-    target.insert(prefix + p, Variable::abstract(kParam, v.shape(), v.dtype(), v.sharding(), v.partitioning()));
+  for (const auto& [p, v] : params) target.insert(*prefix + p, v);
   RestoreOptions options;
   options.partial = true;
   const State restored = restore(rt, item, target, options);
   State placed;
-  for (const auto& [p, v] : params) placed.insert(p, restored.at(prefix + p));
+  for (const auto& [p, v] : params) placed.insert(p, restored.at(*prefix + p));
   *note = fmt::format("  initialized {} parameters from {}{}\n", params.size(), item.string(),
-                      prefix.empty() ? "" : " (under " + prefix.substr(0, prefix.size() - 1) + ")");
+                      prefix->empty() ? "" : " (under " + prefix->substr(0, prefix->size() - 1) + ")");
   return State::merge({placed, nn::init_optimizer(t.optimizer(), placed)});
 }
 
@@ -271,7 +260,7 @@ void train(const TrainArgs& a) {
       throw ValueError(fmt::format("{} already holds step {}: pass --resume to continue it, or another --checkpoint-dir",
                                    a.checkpoint_dir, *latest));
     }
-    state = a.init_from.empty() ? trainer.init(a.seed) : init_from_checkpoint(rt, trainer, a.init_from, &resumed);
+    state = a.init_from.empty() ? trainer.init(a.seed) : init_from_checkpoint(rt, trainer, abstract, a.init_from, &resumed);
   }
   out << plan_summary(trainer, abstract, a);
   if (data) out << fmt::format("  data: {} ({} bytes)\n", data->path().string(), data->size());

@@ -14,7 +14,7 @@ import transformers
 
 import tessel
 from conftest import SHARED, cli
-from test_transformers_maps import tensors_of
+from test_transformers_maps import run, tensors_of
 from trees import leaves
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -23,12 +23,6 @@ FAMILIES = {  # HF class, the map, MaxText's model file
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, "llama_maxtext.yml", "llama2-7b.yml"),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, "qwen3.yml", "qwen3-0.6b.yml"),
 }
-
-
-def run(*args):
-    r = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True)
-    assert r.returncode == 0, f"{args}:\n{r.stderr}"
-    return r.stdout
 
 
 def tiny_model(r, family):
@@ -43,15 +37,19 @@ def tiny_model(r, family):
     return config, model_class(config).eval()
 
 
-def maxtext_model(family, config, tensor=1, model_file=None, **more):
-    """MaxText's model file for the family, sized as the HF config (what a user passes with --set)."""
-    sets = dict(base_emb_dim=config.hidden_size, base_num_query_heads=config.num_attention_heads,
+def maxtext_sets(config):
+    """MaxText's keys for the HF config's sizes (what a user passes with --set)."""
+    return dict(base_emb_dim=config.hidden_size, base_num_query_heads=config.num_attention_heads,
                 base_num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
                 base_mlp_dim=config.intermediate_size, base_num_decoder_layers=config.num_hidden_layers,
                 vocab_size=config.vocab_size, normalization_layer_epsilon=config.rms_norm_eps,
                 rope_max_timescale=config.rope_parameters["rope_theta"], logits_via_embedding=config.tie_word_embeddings,
-                normalize_embedding_logits=False, weight_dtype="float32", dtype="float32",
-                ici_fsdp_parallelism=-1, ici_tensor_parallelism=tensor, **more)
+                normalize_embedding_logits=False, weight_dtype="float32", dtype="float32")
+
+
+def maxtext_model(family, config, tensor=1, model_file=None, **more):
+    """MaxText's model file for the family, sized as the HF config."""
+    sets = dict(maxtext_sets(config), ici_fsdp_parallelism=-1, ici_tensor_parallelism=tensor, **more)
     return tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", model_file or FAMILIES[family][3]),
                                      os.path.join(MAXTEXT, "base.yml"), set=sets)
 
@@ -168,13 +166,7 @@ def test_a_hf_checkpoint_fine_tunes_sharded_and_goes_back_to_transformers(rng, t
     mapfile = os.path.join(ROOT, "examples", "maps", "qwen3.yml")
     run("ckpt", "convert", hf, os.path.join(tmp, "item"), "--map", mapfile, "--map-var", f"head_dim={config.head_dim}")
     m = maxtext_model("qwen3", config, tensor=2)
-    sets = [f"{k}={v}" for k, v in dict(
-        base_emb_dim=config.hidden_size, base_num_query_heads=config.num_attention_heads,
-        base_num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, base_mlp_dim=config.intermediate_size,
-        base_num_decoder_layers=config.num_hidden_layers, vocab_size=256, normalization_layer_epsilon=config.rms_norm_eps,
-        rope_max_timescale=config.rope_parameters["rope_theta"],
-        logits_via_embedding=str(config.tie_word_embeddings).lower(), normalize_embedding_logits="false",
-        weight_dtype="float32", dtype="float32").items()]
+    sets = [f"{k}={json.dumps(v)}" for k, v in maxtext_sets(config).items()]  # JSON values are YAML
     seed, steps, batch, seq = rng.randrange(1000), 3, 8, 16
     metrics = os.path.join(tmp, "metrics.jsonl")
     out = run("train", "--model", os.path.join(MAXTEXT, "models", "qwen3-0.6b.yml"), "--base",

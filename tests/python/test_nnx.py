@@ -58,11 +58,6 @@ def random_model(r, mesh):
                 mlp=r.choice([64, 96]))
 
 
-def flat_specs(state_of_specs):
-    return {"/".join(str(k) for k in path): (v.get_value() if isinstance(v, nnx.Variable) else v)
-            for path, v in nnx.to_flat_state(state_of_specs)}
-
-
 def test_nnx_specs_of_parameters_and_adamw_state_equal_tessels_plan(rng):
     for _ in range(4):
         mesh = random_mesh(rng)
@@ -73,13 +68,11 @@ def test_nnx_specs_of_parameters_and_adamw_state_equal_tessels_plan(rng):
         assert ex.nnx_specs(model, RULES) == ours
         # Every parameter lives where its spec says.
         jmesh = ex.jax_mesh(mesh)
-        for path, leaf in nnx.to_flat_state(nnx.state(model)):
-            value = leaf.get_value()
-            assert value.sharding.is_equivalent_to(jax.sharding.NamedSharding(jmesh, ours["/".join(path)]),
-                                                   value.ndim), path
+        for path, value in ex.flat(nnx.state(model)).items():
+            assert value.sharding.is_equivalent_to(jax.sharding.NamedSharding(jmesh, ours[path]), value.ndim), path
         with jax.set_mesh(ex.jax_mesh(mesh)), nnx.logical_axis_rules(RULES.rules):
             optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
-            opt = flat_specs(nnx.get_partition_spec(nnx.state(optimizer)))
+            opt = ex.flat(nnx.get_partition_spec(nnx.state(optimizer)))
         moments = {p: s for p, s in opt.items() if "/mu/" in p or "/nu/" in p}
         assert len(moments) == 2 * len(ours)
         for path, spec in moments.items():
@@ -119,8 +112,7 @@ def test_tessels_abstract_state_equals_nnx_get_abstract_model_and_is_orbaxs_targ
     with nnx.logical_axis_rules(RULES.rules):
         _, abstract = nnx.get_abstract_model(lambda: ex.build(config, nnx.Rngs(0)), jmesh)
     ours = tessel.eval_shape(config, mesh, RULES, as_jax=True, flat=True)
-    theirs = {"/".join(str(k) for k in p): v.get_value() if isinstance(v, nnx.Variable) else v
-              for p, v in nnx.to_flat_state(abstract)}
+    theirs = ex.flat(abstract)
     assert sorted(ours) == sorted(theirs)
     for path, leaf in ours.items():
         assert (leaf.shape, leaf.dtype, leaf.sharding) == (theirs[path].shape, theirs[path].dtype,
@@ -133,13 +125,10 @@ def test_tessels_abstract_state_equals_nnx_get_abstract_model_and_is_orbaxs_targ
         restored = checkpointer.restore(os.path.join(tmp, "m"),
                                         ex.orbax_target(ex.abstract_model(config, jmesh, RULES),
                                                         tessel.eval_shape(config, mesh, RULES, as_jax=True)))
-    for path, leaf in nnx.to_flat_state(restored):
-        want = nnx.state(model)
-        for k in path:
-            want = want[k]
-        assert np.array_equal(np.asarray(leaf.get_value()), np.asarray(want.get_value())), path
-        value = leaf.get_value()
-        assert value.sharding.is_equivalent_to(ours["/".join(path)].sharding, value.ndim), path
+    saved = ex.flat(nnx.state(model))
+    for path, value in ex.flat(restored).items():
+        assert np.array_equal(np.asarray(value), np.asarray(saved[path])), path
+        assert value.sharding.is_equivalent_to(ours[path].sharding, value.ndim), path
 
 
 RESTORE = r'''
@@ -176,7 +165,7 @@ t = threading.Thread(target=watch); t.start()
 if kind == "nnx" and way == "orbax":
     with ocp.StandardCheckpointer() as c:
         state = c.restore(path, ex.orbax_target(ex.abstract_model(config, jmesh, rules), target))
-    leaves = [v.get_value() for _, v in nnx.to_flat_state(state)]
+    leaves = list(ex.flat(state).values())
 elif kind == "nnx":  # tessel's own restore, the NNX checkpoint's names (".../value") and tessel's shardings
     flat = tessel.eval_shape(config, mesh, rules, as_jax=True, flat=True)
     state = tessel.checkpoint.restore(path, shardings={p + "/value": v for p, v in flat.items()}, as_jax=True)
@@ -265,10 +254,9 @@ def test_a_target_without_shardings_does_not_reach_the_new_mesh(tmp):
     with ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(os.path.join(tmp, "m"), target)
     wanted = tessel.eval_shape(config, tessel.Mesh({"data": 2, "fsdp": 4, "tensor": 1}), RULES, as_jax=True, flat=True)
-    moved = [p for p, v in nnx.to_flat_state(restored)
-             if v.get_value().sharding.is_equivalent_to(wanted["/".join(p)].sharding, v.get_value().ndim)]
+    moved = [p for p, v in ex.flat(restored).items() if v.sharding.is_equivalent_to(wanted[p].sharding, v.ndim)]
     sharded = [p for p, v in wanted.items() if any(e is not None for e in v.sharding.spec)]
-    assert not [p for p in moved if "/".join(p) in sharded]  # no sharded array reached data=2,fsdp=4
+    assert not [p for p in moved if p in sharded]  # no sharded array reached data=2,fsdp=4
 
 
 DATA = "/usr/share/common-licenses/GPL-3"

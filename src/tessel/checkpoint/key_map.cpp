@@ -29,65 +29,51 @@ std::string levels(std::string pattern) {
 
 bool has_index(const std::string& pattern) { return pattern.find("{i}") != std::string::npos; }
 
+// A scalar with every "{name}" replaced by its variable.
+std::string substituted(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars,
+                        std::string_view what) {
+  if (!n.IsScalar()) fail(source, n, fmt::format("{} must be a single value", what));
+  const std::string& raw = n.Scalar();
+  std::string text;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] != '{') {
+      text += raw[i];
+      continue;
+    }
+    const size_t end = raw.find('}', i);
+    if (end == std::string::npos) fail(source, n, fmt::format("{}: '{}' has an unclosed {{", what, raw));
+    auto it = vars.find(raw.substr(i + 1, end - i - 1));
+    if (it == vars.end())
+      fail(source, n, fmt::format("{}: no value for {} (give it in vars: or --map-var)", what, raw.substr(i, end - i + 1)));
+    text += it->second;
+    i = end;
+  }
+  return text;
+}
+
 // A scalar as an integer, "{name}" taken from the variables.
 int64_t int_of(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars,
                std::string_view what) {
-  if (!n.IsScalar()) fail(source, n, fmt::format("{} must be an integer", what));
-  std::string text = n.Scalar();
-  if (text.size() > 2 && text.front() == '{' && text.back() == '}') {
-    auto it = vars.find(text.substr(1, text.size() - 2));
-    if (it == vars.end()) fail(source, n, fmt::format("{}: no value for {} (give it in vars: or --map-var)", what, text));
-    text = it->second;
-  }
-  int64_t v = 0;
-  try {
-    size_t used = 0;
-    v = std::stoll(text, &used);
-    if (used != text.size()) throw std::invalid_argument(text);
-  } catch (const std::exception&) {
-    fail(source, n, fmt::format("{} must be an integer, got '{}'", what, text));
-  }
-  return v;
+  const std::string text = substituted(source, n, vars, what);
+  const auto v = text_util::parse_number<int64_t>(text);
+  if (!v) fail(source, n, fmt::format("{} must be an integer, got '{}'", what, text));
+  return *v;
 }
 
-// "2", "0.5", "sqrt(128)", "1/sqrt(128)": a positive finite factor (after "{name}" substitution).
+// "2", "0.5", "sqrt(128)", "1/sqrt({head_dim})": a positive finite factor.
 double scale_of(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars) {
-  if (!n.IsScalar()) fail(source, n, "scale must be a number, sqrt(N) or A/B of those");
-  std::string text;
-  const std::string raw = n.Scalar();
-  for (size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] == '{') {
-      const size_t end = raw.find('}', i);
-      if (end == std::string::npos) fail(source, n, fmt::format("scale '{}': unclosed {{", raw));
-      auto it = vars.find(raw.substr(i + 1, end - i - 1));
-      if (it == vars.end())
-        fail(source, n, fmt::format("scale: no value for {} (give it in vars: or --map-var)", raw.substr(i, end - i + 1)));
-      text += it->second;
-      i = end;
-    } else if (raw[i] != ' ') {
-      text += raw[i];
-    }
-  }
-  auto term = [&](std::string t) {
-    bool root = false;
-    if (t.starts_with("sqrt(") && t.ends_with(")")) {
-      root = true;
-      t = t.substr(5, t.size() - 6);
-    }
-    double v = 0;
-    try {
-      size_t used = 0;
-      v = std::stod(t, &used);
-      if (used != t.size()) throw std::invalid_argument(t);
-    } catch (const std::exception&) {
-      fail(source, n, fmt::format("scale '{}' must be a number, sqrt(N) or A/B of those", raw));
-    }
-    if (!(v > 0) || !std::isfinite(v)) fail(source, n, fmt::format("scale '{}' needs positive finite numbers", raw));
-    return root ? std::sqrt(v) : v;
+  std::string text = substituted(source, n, vars, "scale");
+  std::erase(text, ' ');
+  auto term = [&](std::string_view t) {
+    const bool root = t.starts_with("sqrt(") && t.ends_with(")");
+    if (root) t = t.substr(5, t.size() - 6);
+    const auto v = text_util::parse_number<double>(t);
+    if (!v || !(*v > 0)) fail(source, n, fmt::format("scale '{}' must be a positive number, sqrt(N) or A/B of those", n.Scalar()));
+    return root ? std::sqrt(*v) : *v;
   };
   const size_t slash = text.find('/');
   const double v = slash == std::string::npos ? term(text) : term(text.substr(0, slash)) / term(text.substr(slash + 1));
-  if (!(v > 0) || !std::isfinite(v)) fail(source, n, fmt::format("scale '{}' is not a positive finite factor", raw));
+  if (!(v > 0) || !std::isfinite(v)) fail(source, n, fmt::format("scale '{}' is not a positive finite factor", n.Scalar()));
   return v;
 }
 
@@ -176,12 +162,18 @@ Shape split_shape(const KeyMapRule& r, const Shape& s, const std::string& what) 
   return Shape(std::move(out));
 }
 
-// The split layout's interleave axis exists and is even.
-void check_interleave(const KeyMapRule& r, const Shape& s, const std::string& what) {
-  if (!r.interleave) return;
-  const auto axis = static_cast<size_t>(*r.interleave);
-  if (axis >= s.rank() || s[axis] % 2 != 0)
-    throw ValueError(fmt::format("{}: interleave axis {} needs an even dimension of {}", what, axis, s.to_string()));
+bool scalable(DType d) { return d == DType::kF64 || d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+// The value steps fit the tensor: the split layout `s` has the interleave axis, even, and a scale
+// has floating-point values to multiply.
+void check_value_steps(const KeyMapRule& r, const Shape& s, DType dtype, const std::string& what) {
+  if (r.interleave) {
+    const auto axis = static_cast<size_t>(*r.interleave);
+    if (axis >= s.rank() || s[axis] % 2 != 0)
+      throw ValueError(fmt::format("{}: interleave axis {} needs an even dimension of {}", what, axis, s.to_string()));
+  }
+  if (r.scale && !scalable(dtype))
+    throw ValueError(fmt::format("{}: scale applies to f64, f32, bf16 and f16 tensors, not {}", what, name(dtype)));
 }
 
 // Along `axis`, halves to neighbours (out[2k] = in[k], out[2k+1] = in[k + n/2]) or back.
@@ -205,6 +197,7 @@ HostArray interleaved(const HostArray& in, size_t axis, bool forward) {
   }
   return out;
 }
+
 Shape merge_shape(const KeyMapRule& r, const Shape& s, const std::string& what) {
   if (!r.split_axis) return s;
   const auto axis = static_cast<size_t>(*r.split_axis), n = r.split_sizes.size();
@@ -284,13 +277,11 @@ void scale_values(HostArray& a, double factor, const std::string& path) {
       for (uint16_t& v : std::span(reinterpret_cast<uint16_t*>(a.mutable_bytes().data()), a.mutable_bytes().size() / 2))
         v = f32_to_f16(f16_to_f32(v) * f);
       return;
-    default:
+    default:  // plan_key_map refuses the other dtypes
       throw ValueError(fmt::format("'{}': scale applies to f64, f32, bf16 and f16 tensors, not {}", path,
                                    a.type_string()));
   }
 }
-
-HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*>& sources);
 
 Box slice_box(const Shape& shape, size_t axis, int64_t index) {
   std::vector<int64_t> start(shape.rank(), 0), stop(shape.dims());
@@ -459,7 +450,7 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
         throw ValueError(fmt::format("{}: transpose of {} axes for a rank-{} tensor", what, r.transpose.size(),
                                      v.shape().rank()));
       const Shape s = split_shape(r, transposed(v.shape(), r.transpose), what);
-      check_interleave(r, s, what);
+      check_value_steps(r, s, v.dtype(), what);
       if (r.stack) {
         stacks[r.to].emplace_back(m.index, path);
         stack_rule[r.to] = m.rule;
@@ -472,14 +463,14 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
         if (axis >= v.shape().rank())
           throw ValueError(fmt::format("{}: no axis {} to unstack in a rank-{} tensor", what, axis, v.shape().rank()));
         const Shape slice = remove_axis(v.shape(), axis);
-        check_interleave(r, slice, what);
+        check_value_steps(r, slice, v.dtype(), what);
         const Shape s = untransposed(merge_shape(r, slice, what), r.transpose);
         for (int64_t i = 0; i < v.shape()[axis]; ++i)
           plan.tensors.push_back({with_index(r.from, i), s, v.dtype(), {path}, std::nullopt, *r.stack, i, &r, false});
       } else {
         if (r.transpose.size() && r.transpose.size() != merge_shape(r, v.shape(), what).rank())
           throw ValueError(fmt::format("{}: transpose of {} axes does not fit", what, r.transpose.size()));
-        check_interleave(r, v.shape(), what);
+        check_value_steps(r, v.shape(), v.dtype(), what);
         const Shape s = untransposed(merge_shape(r, v.shape(), what), r.transpose);
         plan.tensors.push_back({with_index(r.from, m.index), s, v.dtype(), {path}, std::nullopt, std::nullopt, 0, &r, false});
       }
@@ -521,14 +512,9 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
   return plan;
 }
 
-HostArray apply_mapped(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
-  HostArray out = apply_layout(t, sources);
-  if (t.rule->scale) scale_values(out, t.forward ? *t.rule->scale : 1.0 / *t.rule->scale, t.path);
-  return out;
-}
-
 namespace {
 
+// The target's layout (transposed, split, interleaved, stacked; or the way back) of its sources.
 HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
   const KeyMapRule& r = *t.rule;
   const size_t item = item_size(t.dtype);
@@ -562,5 +548,11 @@ HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*
 }
 
 }  // namespace
+
+HostArray apply_mapped(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
+  HostArray out = apply_layout(t, sources);
+  if (t.rule->scale) scale_values(out, t.forward ? *t.rule->scale : 1.0 / *t.rule->scale, t.path);
+  return out;
+}
 
 }  // namespace tessel

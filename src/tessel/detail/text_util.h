@@ -1,9 +1,13 @@
-// Internal (not installed): small text helpers: comma lists ("16,8", "data=2,fsdp=4"), message
-// prefixes naming the thing an error is about, byte counts for people.
+// Internal (not installed): small text helpers: comma lists ("16,8", "data=2,fsdp=4"), numbers,
+// message prefixes naming the thing an error is about, byte counts for people.
 #pragma once
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -33,6 +37,20 @@ inline std::vector<std::string_view> split_commas(std::string_view s) {
   std::vector<std::string_view> items = split(s, ',');
   for (auto& item : items) item = trim(item);
   return items;
+}
+
+// The whole of `text` as a number ("12", "+1.5", "1e-6"); nullopt for anything else, and for a
+// floating-point value that is not finite.
+template <class T>
+std::optional<T> parse_number(std::string_view text) {
+  if (text.size() > 1 && text.front() == '+') text.remove_prefix(1);
+  T v{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(v)) return std::nullopt;
+  }
+  return v;
 }
 
 // "params/w: " for a non-empty `what` (a parameter path, a flag), "" otherwise.

@@ -16,6 +16,15 @@ Tensor model_forward(const ModelConfig& model, const nn::Params& params, const T
   return transformer_logits(std::get<TransformerConfig>(model.config), params, inputs);
 }
 
+void check_forward(const ModelConfig& model, const Mesh& mesh) {
+  const auto* m = std::get_if<MaxTextConfig>(&model.config);
+  if (!m) return;
+  if (!maxtext_has_forward(*m))
+    throw ValueError(fmt::format("{}: decoder_block '{}' has no forward pass in tessel yet (llama2 and qwen3 have one)",
+                                 model.source, m->decoder_block));
+  m->check_mesh(mesh);
+}
+
 NamedSharding batch_sharding(const Mesh& mesh, const LogicalRules& rules, int64_t rank) {
   LogicalAxes names(static_cast<size_t>(rank));
   names[0] = rules.has_rule_for("activation_batch") ? "activation_batch" : "batch";
@@ -74,19 +83,10 @@ void check_inputs(const ModelConfig& model, const HostArray& inputs) {
 
 HostArray forward_on_host(const Runtime& rt, const ModelConfig& model, const Mesh& mesh, const LogicalRules& rules,
                           const std::map<std::string, HostArray>& weights, const HostArray& inputs) {
-  if (const auto* m = std::get_if<MaxTextConfig>(&model.config)) {
-    if (!maxtext_has_forward(*m))
-      throw ValueError(fmt::format("{}: decoder_block '{}' has no forward pass in tessel yet (llama2 and qwen3 do)",
-                                   model.source, m->decoder_block));
-    m->check_mesh(mesh);
-  }
+  check_forward(model, mesh);
   check_inputs(model, inputs);
   const NamedSharding batch = batch_sharding(mesh, rules, static_cast<int64_t>(inputs.shape().rank()));
-  int64_t parts = 1;
-  for (const auto& axis : batch.spec()[0]) parts *= mesh.axis_size(axis);
-  if (inputs.shape()[0] % parts != 0)
-    throw ValueError(fmt::format("forward: a batch of {} does not divide over the batch axes' {} devices ({})",
-                                 inputs.shape()[0], parts, batch.spec().to_string()));
+  batch.check_divisible(inputs.shape(), fmt::format("forward: a batch of {} does not divide", inputs.shape()[0]));
   const State params = place_weights(rt, eval_shape(model.build(), mesh, rules), weights);
   Tensor out = ops::reduce(model_forward(model, nn::tensors(params), Tensor(device_put(rt, inputs, batch, "inputs"))));
   if (model.is_lm() && out.dtype() != DType::kF32) out = ops::cast(out, DType::kF32);

@@ -24,6 +24,10 @@ namespace tessel {
 // pass yet.
 Tensor model_forward(const ModelConfig& model, const nn::Params& params, const Tensor& inputs);
 
+// Throws ValueError when tessel has no forward pass for the model (MaxText's MoE and MLA families)
+// or the mesh does not suit it (MaxText's kv-head sharding check).
+void check_forward(const ModelConfig& model, const Mesh& mesh);
+
 // A batch's sharding on `mesh`: its first dimension over the mesh axes the rules give
 // "activation_batch" (or "batch"), the others whole.
 NamedSharding batch_sharding(const Mesh& mesh, const LogicalRules& rules, int64_t rank = 2);

@@ -4,7 +4,6 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
-#include <cstdlib>
 #include <set>
 
 #include <fmt/format.h>
@@ -12,6 +11,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
+#include "tessel/detail/text_util.h"
 #include "tessel/detail/yaml_util.h"
 #include "tessel/sharding/rules_io.h"
 
@@ -49,19 +49,14 @@ class Settings {
     return s.node.Scalar();
   }
   int64_t integer(const std::string& key) const {
-    const std::string text = digits(key);
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || errno != 0 || *end != '\0') bad(key, "an integer");
-    return v;
+    const auto v = text_util::parse_number<int64_t>(digits(key));
+    if (!v) bad(key, "an integer");
+    return *v;
   }
   double real(const std::string& key) const {
-    const std::string text = digits(key);
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end != '\0' || !std::isfinite(v)) bad(key, "a number");
-    return v;
+    const auto v = text_util::parse_number<double>(digits(key));
+    if (!v) bad(key, "a number");
+    return *v;
   }
   bool boolean(const std::string& key) const {
     const std::string t = str(key);

@@ -1,6 +1,5 @@
 #include "tessel/models/model_config.h"
 
-#include <charconv>
 #include <functional>
 #include <map>
 
@@ -9,6 +8,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
+#include "tessel/detail/text_util.h"
 #include "tessel/detail/yaml_util.h"
 #include "tessel/models/maxtext.h"
 
@@ -27,11 +27,9 @@ int64_t integer(const std::string& source, const std::string& key, const YAML::N
   std::string digits;
   for (char c : text)
     if (c != '_') digits += c;  // MaxText writes 10_000
-  int64_t v = 0;
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size())
-    fail(source, n, fmt::format("'{}' must be an integer, got '{}'", key, text));
-  return v;
+  const auto v = text_util::parse_number<int64_t>(digits);
+  if (!v) fail(source, n, fmt::format("'{}' must be an integer, got '{}'", key, text));
+  return *v;
 }
 
 bool boolean(const std::string& source, const std::string& key, const YAML::Node& n) {

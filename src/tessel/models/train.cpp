@@ -4,7 +4,6 @@
 
 #include "tessel/core/error.h"
 #include "tessel/models/forward.h"
-#include "tessel/models/maxtext.h"
 #include "tessel/nn/params.h"
 #include "tessel/ops/autodiff.h"
 #include "tessel/ops/ops.h"
@@ -46,10 +45,7 @@ Trainer::Trainer(const Runtime& rt, ModelConfig model, Mesh mesh, LogicalRules r
       rules_(std::move(rules)),
       optimizer_(optimizer),
       resolve_(resolve) {
-  if (const auto* m = std::get_if<MaxTextConfig>(&model_.config); m && !maxtext_has_forward(*m))
-    throw ValueError(fmt::format("{}: decoder_block '{}' has no forward pass in tessel yet (llama2 and qwen3 train)",
-                                 model_.source, m->decoder_block));
-  if (const auto* m = std::get_if<MaxTextConfig>(&model_.config)) m->check_mesh(mesh_);
+  check_forward(model_, mesh_);
   // The LMs train on bytes: every byte must be a token.
   if (model_.is_lm() && model_.vocab() < 256)
     throw ValueError(fmt::format("{}: the vocabulary has {} tokens; training on bytes needs at least 256",
