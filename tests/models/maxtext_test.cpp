@@ -1,5 +1,8 @@
 // MaxText's model families from MaxText's own YAML: the golden sharding dump, the published
 // parameter counts, the tree's structure per option, the config errors, and training.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 
 #include <gmock/gmock.h>
@@ -238,16 +241,15 @@ TEST(MaxText, KvHeadsMustSplitEvenlyOverTheAxesThatShardThem) {
   config("deepseek3-tiny").check_mesh(Mesh::parse("tensor=8"));  // MLA: no kv kernel to check
 }
 
-TEST(MaxText, TinyQwen3TrainsWithTheSameLossesOnAnyMesh) {
+// Losses of a few steps of a tiny model from MaxText's files (`sets` shrink it) on each mesh.
+std::vector<std::vector<double>> tiny_losses(const std::string& model, std::vector<std::string> sets,
+                                            const std::vector<const char*>& meshes) {
   Runtime rt = Runtime::host(8);
-  const std::vector<std::string> tiny = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",
-                                         "head_dim=8",      "base_mlp_dim=64",        "base_num_decoder_layers=2",
-                                         "vocab_size=256"};
   auto data = nn::ByteDataset::open(nn::ByteDataset::default_path());
   std::vector<std::vector<double>> losses;
-  for (const char* mesh : {"data=1", "fsdp=8", "data=2,fsdp=2,tensor=2"}) {
-    SCOPED_TRACE(mesh);
-    const MaxTextConfig c = config("qwen3-0.6b", tiny);
+  for (const char* mesh : meshes) {
+    SCOPED_TRACE(model + " on " + mesh);
+    const MaxTextConfig c = config(model, sets);
     nn::OptimizerConfig opt;
     opt.schedule.peak = 3e-3;
     models::Trainer t(rt, ModelConfig{.config = c, .source = c.source}, Mesh::parse(mesh, c.rules.mesh_axes()),
@@ -258,11 +260,48 @@ TEST(MaxText, TinyQwen3TrainsWithTheSameLossesOnAnyMesh) {
       l.push_back(t.step(state, t.batch(&data, {.seed = 0, .step = step}, 8, 16), step).loss);
     EXPECT_LT(l.back(), l.front());
   }
+  return losses;
+}
+
+void expect_same_losses(const std::vector<std::vector<double>>& losses, double rel) {
+  double worst = 0;
   for (size_t m = 1; m < losses.size(); ++m)
-    for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[m][i], losses[0][i], 1e-6 * losses[0][i]);
+    for (size_t i = 0; i < losses[0].size(); ++i) {
+      EXPECT_NEAR(losses[m][i], losses[0][i], rel * losses[0][i]) << "mesh " << m << " step " << i;
+      worst = std::max(worst, std::abs(losses[m][i] / losses[0][i] - 1));
+    }
+  std::printf("losses %.6f -> %.6f on %zu meshes, largest relative difference %.2g\n", losses[0].front(),
+              losses[0].back(), losses.size(), worst);
+}
+
+TEST(MaxText, TinyQwen3TrainsWithTheSameLossesOnAnyMesh) {
+  const std::vector<std::string> tiny = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=2",
+                                         "head_dim=8",      "base_mlp_dim=64",        "base_num_decoder_layers=2",
+                                         "vocab_size=256"};
+  expect_same_losses(tiny_losses("qwen3-0.6b", tiny, {"data=1", "fsdp=8", "data=2,fsdp=2,tensor=2"}), 1e-6);
+  Runtime rt = Runtime::host(1);
   const MaxTextConfig ds = config("deepseek3-tiny");
   EXPECT_THAT([&] { models::Trainer(rt, ModelConfig{.config = ds, .source = "ds"}, Mesh::parse("data=1"), ds.rules, {}); },
               ThrowsMessage<ValueError>(HasSubstr("no forward pass")));
+}
+
+TEST(MaxText, TinyMoeTrainsWithTheSameLossesUnderExpertParallelism) {
+  const std::vector<std::string> tiny = {"base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4",
+                                         "head_dim=8", "base_mlp_dim=48", "base_moe_mlp_dim=48",
+                                         "base_num_decoder_layers=2", "vocab_size=256", "num_experts=8",
+                                         "num_experts_per_tok=2"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), tiny.begin(), tiny.end());
+    return more;
+  };
+  const std::vector<const char*> meshes = {"data=1", "fsdp=4,expert=2", "data=2,expert=4", "expert=8",
+                                           "fsdp=2,tensor=2,expert=2"};
+  // Mixtral: llama2's attention, dropless routed experts, with the load-balance loss.
+  expect_same_losses(tiny_losses("llama2-7b", with({"decoder_block=mixtral", "load_balance_loss_weight=0.01"}), meshes), 1e-5);
+  // Qwen3-MoE: qk-norm attention, normalized top-k weights, a capacity that drops tokens.
+  expect_same_losses(tiny_losses("qwen3-0.6b", with({"decoder_block=qwen3_moe", "norm_topk_prob=true", "capacity_factor=1.0"}),
+                                {"data=1", "data=2,expert=4", "fsdp=2,tensor=2,expert=2"}),
+                     1e-5);
 }
 
 }  // namespace

@@ -2,11 +2,14 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "runtime/runtime_test_util.h"
+#include "tessel/ops/autodiff.h"
 #include "tessel/ops/ops.h"
 #include "tessel/runtime/array.h"
 
@@ -47,6 +50,42 @@ inline std::vector<double> values(const Tensor& t) {
 inline void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-10) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Checks the gradient of sum(f(inputs) * r) (r fixed and random, so every output element
+// matters) against central differences, for a sample of every input's elements.
+inline void check_gradient(const Runtime& rt, std::mt19937& rng, const Mesh& mesh, const std::vector<Host>& inputs,
+                    const Fn& f) {
+  std::vector<NamedSharding> shardings;
+  std::vector<Tensor> tensors;
+  for (const Host& h : inputs) {
+    shardings.emplace_back(mesh, random_spec(rng, mesh, h.shape.size()));
+    tensors.push_back(ops::requires_grad(put(rt, h, shardings.back())));
+  }
+  const Tensor out = f(tensors);
+  const Tensor weights = put(rt, random_host(rng, out.shape().dims()), NamedSharding(mesh, {}));
+  auto loss_of = [&](const std::vector<Tensor>& xs) { return ops::sum(ops::mul(f(xs), weights)); };
+  const std::vector<Tensor> g = ops::grad(loss_of(tensors), tensors);
+  for (size_t which = 0; which < inputs.size(); ++which) {
+    ASSERT_EQ(g[which].sharding(), shardings[which]);
+    const std::vector<double> got = values(g[which]);
+    const int64_t stride = std::max<int64_t>(1, inputs[which].size() / 12);
+    for (int64_t i = 0; i < inputs[which].size(); i += stride) {
+      auto at = [&](double delta) {
+        std::vector<Tensor> xs;
+        for (size_t k = 0; k < inputs.size(); ++k) {
+          Host h = inputs[k];
+          if (k == which) h.v[static_cast<size_t>(i)] += delta;
+          xs.push_back(put(rt, h, shardings[k]));
+        }
+        return values(loss_of(xs))[0];
+      };
+      const double h = 1e-6, fd = (at(h) - at(-h)) / (2 * h);
+      ASSERT_NEAR(got[static_cast<size_t>(i)], fd, 1e-5 * (1 + std::abs(fd))) << "input " << which << " element " << i;
+    }
+  }
 }
 
 }  // namespace tessel::testing

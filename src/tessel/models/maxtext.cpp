@@ -28,6 +28,8 @@ Module layer_of(const MaxTextConfig& c, const std::string& name, bool moe) {
   if (c.decoder_block == "deepseek")
     return moe ? maxtext::deepseek_moe_layer(name, c) : maxtext::deepseek_dense_layer(name, c);
   if (c.decoder_block == "gpt_oss") return maxtext::gpt_oss_layer(name, c);
+  if (c.decoder_block == "mixtral") return maxtext::mixtral_layer(name, c);
+  if (c.decoder_block == "qwen3_moe") return maxtext::qwen3_moe_layer(name, c);
   throw ValueError("decoder_block '" + c.decoder_block + "' is not one tessel builds");
 }
 
@@ -88,16 +90,22 @@ Module maxtext_model(const MaxTextConfig& c) {
 }
 
 bool maxtext_has_forward(const MaxTextConfig& c) {
-  return c.decoder_block == "llama2" || c.decoder_block == "qwen3";
+  return c.decoder_block == "llama2" || c.decoder_block == "qwen3" || c.decoder_block == "mixtral" ||
+         c.decoder_block == "qwen3_moe";
 }
 
 Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
+  return maxtext_forward(c, p, tokens).logits;
+}
+
+MaxTextOutputs maxtext_forward(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
   if (!maxtext_has_forward(c))
     throw ValueError(fmt::format("decoder_block '{}': tessel builds its parameters but has no forward pass for it yet "
-                                 "(llama2 and qwen3 have one)", c.decoder_block));
+                                 "(llama2, qwen3, mixtral and qwen3_moe have one)", c.decoder_block));
   if (tokens.rank() != 2) throw ValueError("maxtext: tokens must be [batch, seq], got " + tokens.to_string());
   const Tensor& embedding = nn::param(p, "token_embedder/embedding");
   Tensor x = ops::take(embedding, tokens);
+  std::vector<Tensor> aux;
   for (int64_t i = 0; i < c.num_decoder_layers; ++i) {
     const Weights w = [&c, &p, i](const std::string& path) {
       if (!c.scan_layers) return nn::param(p, "decoder/layers_" + std::to_string(i) + "/" + path);
@@ -105,13 +113,26 @@ Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor&
       const size_t dim = std::min(static_cast<size_t>(c.param_scan_axis), stacked.rank() - 1);
       return ops::index(stacked, dim, i);
     };
-    x = c.decoder_block == "qwen3" ? maxtext::qwen3_layer_forward(c, w, x) : maxtext::llama2_layer_forward(c, w, x);
+    if (c.decoder_block == "qwen3") x = maxtext::qwen3_layer_forward(c, w, x);
+    else if (c.decoder_block == "mixtral") x = maxtext::mixtral_layer_forward(c, w, x, aux);
+    else if (c.decoder_block == "qwen3_moe") x = maxtext::qwen3_moe_layer_forward(c, w, x, aux);
+    else x = maxtext::llama2_layer_forward(c, w, x);
   }
   x = ops::rms_norm(x, nn::param(p, "decoder/decoder_norm/scale"), c.normalization_layer_epsilon);
-  if (!c.logits_via_embedding) return ops::dot(x, nn::param(p, "decoder/logits_dense/kernel"));
-  Tensor logits = ops::dot_nt(x, embedding);
-  if (c.normalize_embedding_logits) logits = ops::scale(logits, 1.0 / std::sqrt(static_cast<double>(c.emb_dim)));
-  return logits;
+  MaxTextOutputs out;
+  if (!aux.empty()) {
+    // MaxText's train step adds the mean of the layers' sown moe_lb_loss values.
+    Tensor total = aux[0];
+    for (size_t i = 1; i < aux.size(); ++i) total = ops::add(total, aux[i]);
+    out.aux_loss = ops::scale(total, 1.0 / static_cast<double>(aux.size()));
+  }
+  if (!c.logits_via_embedding) {
+    out.logits = ops::dot(x, nn::param(p, "decoder/logits_dense/kernel"));
+    return out;
+  }
+  out.logits = ops::dot_nt(x, embedding);
+  if (c.normalize_embedding_logits) out.logits = ops::scale(out.logits, 1.0 / std::sqrt(static_cast<double>(c.emb_dim)));
+  return out;
 }
 
 std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& c, const State& state) {

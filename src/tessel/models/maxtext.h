@@ -29,10 +29,16 @@ namespace tessel {
 
 Module maxtext_model(const MaxTextConfig& config);
 
-// Whether tessel has this family's forward pass (llama2 and qwen3 today).
+// Whether tessel has this family's forward pass (llama2, qwen3, mixtral, qwen3_moe today).
 bool maxtext_has_forward(const MaxTextConfig& config);
-// tokens: i32 [batch, seq] -> logits [batch, seq, vocab]. Throws ValueError for a family without a
-// forward pass (MoE and MLA: not yet).
+
+struct MaxTextOutputs {
+  Tensor logits;    // [batch, seq, vocab]
+  Tensor aux_loss;  // the mean over MoE layers of their load-balance losses; undefined without
+};
+// tokens: i32 [batch, seq] -> logits and the auxiliary loss MaxText's train step adds to the
+// cross-entropy. Throws ValueError for a family without a forward pass (MLA: not yet).
+MaxTextOutputs maxtext_forward(const MaxTextConfig& config, const nn::Params& params, const Tensor& tokens);
 Tensor maxtext_logits(const MaxTextConfig& config, const nn::Params& params, const Tensor& tokens);
 
 // One leaf of MaxText's TrainState (step, params, opt_state of optax.adamw) for a tessel state.

@@ -136,7 +136,7 @@ std::vector<LogicalRule> rules_of(const YAML::Node& list, const std::string& sou
 }
 
 const std::set<std::string>& supported_blocks() {
-  static const std::set<std::string> blocks = {"llama2", "qwen3", "deepseek", "gpt_oss"};
+  static const std::set<std::string> blocks = {"llama2", "qwen3", "deepseek", "gpt_oss", "mixtral", "qwen3_moe"};
   return blocks;
 }
 
@@ -365,6 +365,11 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
   c.mlp_bias = s.boolean("mlp_bias");
   c.routed_score_func = s.str("routed_score_func");
   c.routed_scaling_factor = s.real("routed_scaling_factor");
+  c.norm_topk_prob = s.boolean("norm_topk_prob");
+  c.capacity_factor = s.real("capacity_factor");
+  c.load_balance_loss_weight = s.real("load_balance_loss_weight");
+  c.n_routing_groups = s.integer("n_routing_groups");
+  c.topk_routing_group = s.integer("topk_routing_group");
   c.attention_type = s.str("attention_type");
   c.q_lora_rank = s.integer("q_lora_rank");
   c.kv_lora_rank = s.integer("kv_lora_rank");
@@ -415,9 +420,11 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
   check(c.param_scan_axis >= 0 && c.param_scan_axis <= 3, src,
         fmt::format("param_scan_axis must be in [0, 3], got {}", c.param_scan_axis));
   check(c.num_experts >= 1, src, fmt::format("num_experts must be positive, got {}", c.num_experts));
-  const bool moe_block = c.decoder_block == "deepseek" || c.decoder_block == "gpt_oss";
+  const bool moe_block = c.decoder_block == "deepseek" || c.decoder_block == "gpt_oss" ||
+                         c.decoder_block == "mixtral" || c.decoder_block == "qwen3_moe";
   if (c.is_moe()) {
-    check(moe_block, src, fmt::format("num_experts = {} needs a mixture-of-experts decoder_block (deepseek, gpt_oss); "
+    check(moe_block, src, fmt::format("num_experts = {} needs a mixture-of-experts decoder_block (deepseek, gpt_oss, "
+                                      "mixtral, qwen3_moe); "
                                       "'{}' has none", c.num_experts, c.decoder_block));
     check(c.moe_mlp_dim > 0, src, "moe_mlp_dim must be positive for MoE models (num_experts > 1): set base_moe_mlp_dim");
     check(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.num_experts, src,
@@ -446,6 +453,9 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
       check(v > 0, src, fmt::format("MLA needs {} > 0, got {}", name, v));
     check(c.q_lora_rank >= 0, src, "q_lora_rank must not be negative");
   }
+  check(c.load_balance_loss_weight >= 0, src,
+        fmt::format("load_balance_loss_weight must not be negative, got {}", c.load_balance_loss_weight));
+  check(std::isfinite(c.capacity_factor), src, "capacity_factor must be a number (<= 0: dropless)");
   check(c.inhomogeneous_layer_cycle_interval >= 1, src, "inhomogeneous_layer_cycle_interval must be positive");
   if (c.decoder_block == "gpt_oss" && c.scan_layers)
     check(c.num_decoder_layers % c.inhomogeneous_layer_cycle_interval == 0, src,

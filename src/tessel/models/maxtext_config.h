@@ -38,7 +38,7 @@ struct MaxTextSources {
 
 struct MaxTextConfig {
   std::string model_name;     // the model file's stem ("qwen3-0.6b"), or base.yml's model_name
-  std::string decoder_block;  // llama2, mistral, qwen3, deepseek, gpt_oss
+  std::string decoder_block;  // llama2, qwen3, deepseek, gpt_oss, mixtral, qwen3_moe
   // Sizes after global_parameter_scale.
   int64_t emb_dim = 0, num_query_heads = 0, num_kv_heads = 0, head_dim = 0, mlp_dim = 0;
   int64_t moe_mlp_dim = 0, num_decoder_layers = 0, vocab_size = 0;
@@ -65,6 +65,10 @@ struct MaxTextConfig {
   bool routed_bias = false, mlp_bias = false;
   std::string routed_score_func;
   double routed_scaling_factor = 1.0;
+  bool norm_topk_prob = false;
+  double capacity_factor = -1;  // <= 0: dropless
+  double load_balance_loss_weight = 0;
+  int64_t n_routing_groups = -1, topk_routing_group = -1;
   // Attention kind; MLA's low-rank sizes.
   std::string attention_type = "global";
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
@@ -80,6 +84,9 @@ struct MaxTextConfig {
 
   bool is_moe() const { return num_experts > 1; }
   bool is_mla() const { return attention_type == "mla"; }
+  // DeepSeek V3's routing (moe.py, deepseek_routing): experts chosen by the biased scores and
+  // weighted by the unbiased ones, for model names deepseek3* and deepseek4*.
+  bool deepseek_routing() const { return model_name.starts_with("deepseek3") || model_name.starts_with("deepseek4"); }
   // The mesh MaxText builds for `devices` devices (num_slices slices): per mesh axis
   // ici * dcn, one -1 per kind filled with what is left. Throws ValueError when the sizes do not
   // multiply to the device count.

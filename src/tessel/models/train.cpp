@@ -4,6 +4,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/models/forward.h"
+#include "tessel/models/maxtext.h"
 #include "tessel/nn/params.h"
 #include "tessel/ops/autodiff.h"
 #include "tessel/ops/ops.h"
@@ -73,6 +74,11 @@ Batch Trainer::batch(const ByteDataset* data, const DataPosition& at, int64_t ba
 }
 
 Tensor Trainer::loss(const State&, const Params& params, const Tensor& inputs, const Tensor& targets) const {
+  if (const auto* m = std::get_if<MaxTextConfig>(&model_.config)) {
+    const MaxTextOutputs out = maxtext_forward(*m, params, inputs);
+    const Tensor ce = ops::cross_entropy(out.logits, targets);
+    return out.aux_loss.defined() ? ops::add(ce, out.aux_loss) : ce;
+  }
   const Tensor out = model_forward(model_, params, inputs);
   if (!model_.is_lm()) return ops::mean(ops::square(ops::sub(out, targets)));
   return ops::cross_entropy(out, targets);

@@ -162,7 +162,7 @@ void broadcast_loop(const Box& box, const Box& ab, const Shape& as, const Box& b
 }
 
 // The *Grad cases take the forward input (or output, where noted) as a and the gradient as b.
-enum class Binary { kFirst, kAdd, kSub, kMul, kDiv, kReluGrad, kTanhGrad, kGeluGrad, kSiluGrad, kRsqrtGrad, kEqMask };
+enum class Binary { kFirst, kAdd, kSub, kMul, kDiv, kReluGrad, kTanhGrad, kGeluGrad, kSiluGrad, kRsqrtGrad, kSigmoidGrad, kEqMask };
 
 // gelu's tanh approximation (Flax's nn.gelu default) and its derivative.
 template <class T>
@@ -206,6 +206,8 @@ void run_binary(Binary op, const Box& box, const Box& ab, const Shape& as, const
       });
     case Binary::kRsqrtGrad:  // a: the output
       return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T y, T g) { return T(-0.5) * g * y * y * y; });
+    case Binary::kSigmoidGrad:  // a: the output
+      return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T y, T g) { return g * y * (T(1) - y); });
     case Binary::kEqMask:
       return broadcast_loop<T>(box, ab, as, bb, bs, pa, pb, po, [](T x, T m) { return x == m ? T(1) : T(0); });
   }
@@ -299,7 +301,7 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
   });
 }
 
-enum class Unary { kNeg, kScale, kShift, kRelu, kSquare, kZero, kExp, kLog, kTanh, kGelu, kSilu, kRsqrt };
+enum class Unary { kNeg, kScale, kShift, kRelu, kSquare, kZero, kExp, kLog, kTanh, kGelu, kSilu, kRsqrt, kSigmoid };
 
 Tensor unary_raw(Unary op, const Tensor& x_in, double factor, const char* name) {
   check_float(x_in, name);
@@ -321,6 +323,7 @@ Tensor unary_raw(Unary op, const Tensor& x_in, double factor, const char* name) 
       case Unary::kGelu: for (int64_t i = 0; i < n; ++i) out[i] = gelu_of(in[i]); break;
       case Unary::kSilu: for (int64_t i = 0; i < n; ++i) out[i] = in[i] * sigmoid_of(in[i]); break;
       case Unary::kRsqrt: for (int64_t i = 0; i < n; ++i) out[i] = T(1) / std::sqrt(in[i]); break;
+      case Unary::kSigmoid: for (int64_t i = 0; i < n; ++i) out[i] = sigmoid_of(in[i]); break;
     }
   };
   return output(x, x.shape(), x.dtype(), x.sharding(), x.partial(), [&](int64_t device, const Box& box, std::byte* o) {
@@ -601,6 +604,13 @@ Tensor gelu(const Tensor& x) {
 Tensor silu(const Tensor& x) {
   return record(unary_raw(Unary::kSilu, x, 0, "silu"), {x}, [x](const Tensor& g) {
     return std::vector<Tensor>{binary_raw(Binary::kSiluGrad, x, g, "silu gradient")};
+  });
+}
+
+Tensor sigmoid(const Tensor& x) {
+  Tensor out = unary_raw(Unary::kSigmoid, x, 0, "sigmoid");
+  return record(out, {x}, [y = detach(out)](const Tensor& g) {
+    return std::vector<Tensor>{binary_raw(Binary::kSigmoidGrad, y, g, "sigmoid gradient")};
   });
 }
 

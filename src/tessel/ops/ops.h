@@ -59,6 +59,7 @@ Tensor log(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor gelu(const Tensor& x);  // the tanh approximation (Flax's nn.gelu default)
 Tensor silu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
 Tensor rsqrt(const Tensor& x);
 // The same value with no gradient flowing back through it.
 Tensor stop_gradient(const Tensor& x);

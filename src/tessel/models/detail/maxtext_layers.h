@@ -53,6 +53,8 @@ Module qwen3_layer(std::string name, const MaxTextConfig& c);
 Module deepseek_dense_layer(std::string name, const MaxTextConfig& c);
 Module deepseek_moe_layer(std::string name, const MaxTextConfig& c);
 Module gpt_oss_layer(std::string name, const MaxTextConfig& c);
+Module mixtral_layer(std::string name, const MaxTextConfig& c);
+Module qwen3_moe_layer(std::string name, const MaxTextConfig& c);
 // gpt-oss's scanned unit: inhomogeneous_layer_cycle_interval layers, layers_0, layers_1, ...
 Module gpt_oss_block(std::string name, const MaxTextConfig& c);
 
@@ -86,7 +88,17 @@ Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor&
 // MlpBlock: the product of activation_i(x @ wi_i), @ wo. Activations: silu, gelu, relu, linear.
 Tensor mlp_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x);
 
+// RoutedMoE (moe.py): router logits (score function, gate bias), top-k choices with MaxText's
+// weights (softmax over the chosen logits and norm_topk_prob; DeepSeek's scaling), dispatch into
+// per-expert buffers (capacity_factor, or dropless), an all_to_all to the devices holding the
+// experts, the experts' gated MLP (with biases under mlp_bias), the all_to_all back and the
+// weighted combine. Its load-balance loss is appended to `aux` when load_balance_loss_weight > 0.
+Tensor routed_moe_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, std::vector<Tensor>& aux);
+
+// One decoder layer's forward pass; MoE layers append their auxiliary losses to `aux`.
 Tensor llama2_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x);
 Tensor qwen3_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x);
+Tensor mixtral_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, std::vector<Tensor>& aux);
+Tensor qwen3_moe_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, std::vector<Tensor>& aux);
 
 }  // namespace tessel::maxtext
