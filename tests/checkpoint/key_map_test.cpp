@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -71,6 +72,50 @@ TEST(KeyMap, RoundTripsAreBitExact) {
     ASSERT_EQ(back.size(), values.size());
     for (const auto& [p, h] : values) EXPECT_EQ(back.at(p), h) << p;
   }
+}
+
+// Experts and layers stacked into one tensor (MaxText's [experts, layers, in, out]), an expert
+// index kept apart per unscanned layer, and the way back, bit for bit; a missing expert is named.
+TEST(KeyMap, ExpertsStackWithLayers) {
+  std::mt19937 rng(5);
+  const KeyMap map = parse_key_map(R"(rules:
+  - from: layers.{i}.experts.{e}.w
+    to: moe.wi
+    transpose: [1, 0]
+    stack_experts: 0
+    stack: 1
+  - from: blocks.{i}.experts.{e}.w
+    to: blocks_{i}.wi
+    stack_experts: 1
+)", "moe.yml");
+  std::map<std::string, HostArray> values;
+  for (int i = 0; i < 3; ++i)
+    for (int e = 0; e < 4; ++e) {
+      values.emplace(fmt::format("layers/{}/experts/{}/w", i, e), testing::random_host(rng, {5, 2}, DType::kF32));
+      values.emplace(fmt::format("blocks/{}/experts/{}/w", i, e), testing::random_host(rng, {6}, DType::kF32));
+    }
+  const auto there = apply_plan(plan_key_map(map, abstract(values)), values);
+  ASSERT_EQ(there.at("moe/wi").shape(), Shape({4, 3, 2, 5}));
+  EXPECT_EQ(there.at("blocks_1/wi").shape(), Shape({6, 4}));
+  // moe/wi[e, i, a, b] = layers/i/experts/e/w[b, a]
+  const auto wi = there.at("moe/wi").values<float>();
+  for (int i = 0; i < 3; ++i)
+    for (int e = 0; e < 4; ++e) {
+      const auto w = values.at(fmt::format("layers/{}/experts/{}/w", i, e)).values<float>();
+      for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 5; ++b)  // random bits: compare them, NaNs included
+          ASSERT_EQ(std::memcmp(&wi[((e * 3 + i) * 2 + a) * 5 + b], &w[b * 2 + a], sizeof(float)), 0);
+    }
+  const auto back = apply_plan(plan_key_map(map, abstract(there)), there);
+  ASSERT_EQ(back.size(), values.size());
+  for (const auto& [p, h] : values) EXPECT_EQ(back.at(p), h) << p;
+  values.erase("layers/1/experts/2/w");
+  EXPECT_THAT([&] { plan_key_map(map, abstract(values)); },
+              ThrowsMessage<ValueError>(HasSubstr("'moe/wi' has no source for expert 2, layer 1")));
+  EXPECT_THAT([] { parse_key_map("rules:\n  - from: a.{e}\n    to: b\n", "m.yml"); },
+              ThrowsMessage<ParseError>(HasSubstr("stack_experts: AXIS")));
+  EXPECT_THAT([] { parse_key_map("rules:\n  - from: a.{i}.{e}\n    to: b\n    stack: 0\n    stack_experts: 0\n", "m.yml"); },
+              ThrowsMessage<ParseError>(HasSubstr("different axes")));
 }
 
 TEST(KeyMap, PlansRefuseWhatDoesNotFit) {

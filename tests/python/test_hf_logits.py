@@ -54,6 +54,15 @@ def maxtext_model(family, config, tensor=1, model_file=None, **more):
                                      os.path.join(MAXTEXT, "base.yml"), set=sets)
 
 
+def assert_back_to_hf(item, hf, mapfile, head_dim, back):
+    """Through the same map back to safetensors: HF's tensors (a query's scale undone in float32)."""
+    run("ckpt", "convert", item, back, "--map", mapfile, "--map-var", f"head_dim={head_dim}", "--to", "safetensors")
+    saved, again = tensors_of(hf), tensors_of(back)
+    assert sorted(saved) == sorted(again)
+    for name, value in saved.items():
+        np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
+
+
 def relative_error(got, want):
     return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
@@ -95,13 +104,7 @@ def test_maxtext_families_give_transformers_logits_on_any_mesh(rng, tmp):
 
         # Back to HF's names and layouts through the same map: HF's weights (the query's scale undone
         # in float32).
-        back = os.path.join(tmp, family + "_back")
-        run("ckpt", "convert", item, back, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}",
-            "--to", "safetensors")
-        saved, again = tensors_of(hf), tensors_of(back)
-        assert sorted(saved) == sorted(again)
-        for name, value in saved.items():
-            np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
+        assert_back_to_hf(item, hf, mapfile, config.head_dim, os.path.join(tmp, family + "_back"))
 
 
 def test_llama31_through_its_map_gives_transformers_logits(rng, tmp):
@@ -207,11 +210,11 @@ def test_a_hf_checkpoint_fine_tunes_sharded_and_goes_back_to_transformers(rng, t
         r.stderr
 
 
-MOE_FAMILIES = {  # HF classes, MaxText's model file and --set for the family, the routed block's name
-    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, "llama2-7b.yml",
-                {"decoder_block": "mixtral"}, "MoeBlock_0"),
-    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, "qwen3-0.6b.yml",
-                  {"decoder_block": "qwen3_moe", "norm_topk_prob": True}, "moe_block"),
+MOE_FAMILIES = {  # HF classes, the map, MaxText's model file and --set for the family
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, "mixtral_maxtext.yml", "llama2-7b.yml",
+                {"decoder_block": "mixtral"}),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, "qwen3_moe_maxtext.yml",
+                  "qwen3-0.6b.yml", {"decoder_block": "qwen3_moe", "norm_topk_prob": True}),
 }
 
 
@@ -231,72 +234,35 @@ def tiny_moe_model(r, family):
     return config, model_class(config).eval()
 
 
-def hf_moe_to_maxtext(state, family, config):
-    """MaxText's scanned tree (layers stacked on axis 1) of a HF Mixtral / Qwen3-MoE state dict, as
-    MaxText's conversion lays it out: kernels [in, out], the query scaled by 1/sqrt(head_dim) for
-    mixtral (llama2's attention), experts stacked first."""
-    sd = {k: v.float().numpy() for k, v in state.items()}
-    n, d = config.num_hidden_layers, config.head_dim
-    moe = MOE_FAMILIES[family][4]
-    experts = config.num_local_experts if family == "mixtral" else config.num_experts
-    hf_moe = "block_sparse_moe" if family == "mixtral" else "mlp"
-    names = {"mixtral": ("w1", "w3", "w2"), "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}[family]
-
-    def layers(fn):
-        return np.stack([fn(i) for i in range(n)], axis=1)
-
-    def w(i, name):
-        return sd[f"model.layers.{i}.{name}"]
-
-    out = {"token_embedder/embedding": sd["model.embed_tokens.weight"],
-           "decoder/decoder_norm/scale": sd["model.norm.weight"]}
-    if not config.tie_word_embeddings:
-        out["decoder/logits_dense/kernel"] = sd["lm_head.weight"].T
-    q_scale = 1 / np.sqrt(d) if family == "mixtral" else 1.0
-    p = "decoder/layers/"
-    out[p + "pre_self_attention_layer_norm/scale"] = layers(lambda i: w(i, "input_layernorm.weight"))
-    out[p + "post_self_attention_layer_norm/scale"] = layers(lambda i: w(i, "post_attention_layernorm.weight"))
-    for ours, theirs, scale in [("query", "q_proj", q_scale), ("key", "k_proj", 1.0), ("value", "v_proj", 1.0)]:
-        out[p + f"self_attention/{ours}/kernel"] = layers(
-            lambda i: (w(i, f"self_attn.{theirs}.weight").T * np.float32(scale)).reshape(config.hidden_size, -1, d))
-    out[p + "self_attention/out/kernel"] = layers(
-        lambda i: w(i, "self_attn.o_proj.weight").T.reshape(-1, d, config.hidden_size))
-    if family == "qwen3_moe":
-        out[p + "self_attention/query_norm/scale"] = layers(lambda i: w(i, "self_attn.q_norm.weight"))
-        out[p + "self_attention/key_norm/scale"] = layers(lambda i: w(i, "self_attn.k_norm.weight"))
-    out[p + f"{moe}/gate/kernel"] = layers(lambda i: w(i, f"{hf_moe}.gate.weight").T)
-    for ours, theirs in zip(("wi_0", "wi_1", "wo"), names):
-        out[p + f"{moe}/{ours}"] = layers(
-            lambda i: np.stack([w(i, f"{hf_moe}.experts.{e}.{theirs}.weight").T for e in range(experts)], axis=0))
-    return out
-
-
 def test_moe_families_give_transformers_logits_with_expert_parallelism(rng, tmp):
-    """Mixtral and Qwen3-MoE from transformers (random, tiny) and MaxText's mixtral and qwen3_moe
+    """Mixtral and Qwen3-MoE from transformers (random, tiny; save_pretrained writes one tensor per
+    expert) through the shipped maps (examples/maps/mixtral_maxtext.yml, qwen3_moe_maxtext.yml:
+    the experts stack into MaxText's [experts, layers, in, out]) and MaxText's mixtral and qwen3_moe
     decoder blocks sized by --set: the same logits (f32, 1e-4 relative) on 1 device and on 8 with
-    expert and tensor parallelism (tokens dispatched to their experts' devices by all_to_all).
-    The weights go through save_pretrained's per-expert files, laid out here in MaxText's tree."""
-    from safetensors.numpy import load_file
+    expert and tensor parallelism (tokens dispatched to their experts' devices by all_to_all), and
+    back through the maps to HF's tensors."""
     for family in MOE_FAMILIES:
         config, model = tiny_moe_model(rng, family)
         print(family, config.to_dict())
         hf = os.path.join(tmp, family)
         model.save_pretrained(hf)
-        state = {k: torch.from_numpy(v) for k, v in load_file(os.path.join(hf, "model.safetensors")).items()}
-        weights = hf_moe_to_maxtext(state, family, config)
+        _, _, mapname, model_file, family_sets = MOE_FAMILIES[family]
+        mapfile = os.path.join(ROOT, "examples", "maps", mapname)
+        item = os.path.join(tmp, family + "_item")
+        run("ckpt", "convert", hf, item, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}")
         tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (8, rng.randint(3, 12)),
                                                                        dtype=np.int32)
         with torch.no_grad():
             want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
         experts = config.num_local_experts if family == "mixtral" else config.num_experts
-        _, _, model_file, family_sets, _ = MOE_FAMILIES[family]
         sets = dict(family_sets, num_experts=experts, num_experts_per_tok=config.num_experts_per_tok,
                     base_moe_mlp_dim=config.intermediate_size)
         for devices, tensor, expert in [(1, 1, 1), (8, 2, 4), (8, 1, 8)]:
             m = maxtext_model(family, config, tensor, model_file=model_file, ici_expert_parallelism=expert, **sets)
             mesh = m.maxtext_mesh(devices)
-            got = tessel.forward(m, weights, tokens, mesh)
+            got = tessel.forward(m, tessel.checkpoint.restore(item, mesh=mesh), tokens, mesh)
             err = relative_error(got, want)
             print(f"{family} on {devices} device(s), tensor={tensor}, expert={expert}: logits within {err:.2e} "
                   "of transformers'")
             assert err <= 1e-4, (family, devices, err)
+        assert_back_to_hf(item, hf, mapfile, config.head_dim, os.path.join(tmp, family + "_back"))

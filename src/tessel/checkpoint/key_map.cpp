@@ -27,7 +27,11 @@ std::string levels(std::string pattern) {
   return pattern;
 }
 
-bool has_index(const std::string& pattern) { return pattern.find("{i}") != std::string::npos; }
+// The placeholders: a layer index {i} and an expert index {e}.
+constexpr std::string_view kLayer = "{i}", kExpert = "{e}";
+bool has(const std::string& pattern, std::string_view placeholder) {
+  return pattern.find(placeholder) != std::string::npos;
+}
 
 // A scalar with every "{name}" replaced by its variable.
 std::string substituted(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars,
@@ -82,18 +86,29 @@ std::string pattern_of(const std::string& source, const YAML::Node& rule, std::s
   if (!n) fail(source, rule, fmt::format("a rule needs {}", what));
   if (!n.IsScalar() || n.Scalar().empty()) fail(source, n, fmt::format("{} must be a name pattern", what));
   const std::string p = levels(n.Scalar());
-  const size_t first = p.find("{i}");
-  if (first != std::string::npos && p.find("{i}", first + 1) != std::string::npos)
-    fail(source, n, fmt::format("{} '{}' holds {{i}} twice", what, n.Scalar()));
+  for (std::string_view placeholder : {kLayer, kExpert}) {
+    const size_t first = p.find(placeholder);
+    if (first != std::string::npos && p.find(placeholder, first + 1) != std::string::npos)
+      fail(source, n, fmt::format("{} '{}' holds {} twice", what, n.Scalar(), placeholder));
+  }
   for (const std::string_view level : text_util::split(p, '/'))
     if (level.empty()) fail(source, n, fmt::format("{} '{}' has an empty level", what, n.Scalar()));
   return p;
 }
 
-std::regex regex_of(const std::string& pattern) {
+// A pattern as a regex, with the capture groups of {i} and {e} (0: absent).
+struct Pattern {
+  std::regex re;
+  size_t layer = 0, expert = 0;
+};
+
+Pattern regex_of(const std::string& pattern) {
+  Pattern out;
   std::string r;
+  size_t groups = 0;
   for (size_t k = 0; k < pattern.size(); ++k) {
-    if (pattern.compare(k, 3, "{i}") == 0) {
+    if (pattern.compare(k, 3, kLayer) == 0 || pattern.compare(k, 3, kExpert) == 0) {
+      (pattern.compare(k, 3, kLayer) == 0 ? out.layer : out.expert) = ++groups;
       r += "([0-9]+)";
       k += 2;
     } else if (std::string_view("\\^$.|?*+()[]{}").find(pattern[k]) != std::string_view::npos) {
@@ -103,12 +118,16 @@ std::regex regex_of(const std::string& pattern) {
       r += pattern[k];
     }
   }
-  return std::regex(r);
+  out.re = std::regex(r);
+  return out;
 }
 
-std::string with_index(std::string pattern, int64_t i) {
-  const size_t at = pattern.find("{i}");
-  if (at != std::string::npos) pattern.replace(at, 3, std::to_string(i));
+// The pattern with {i} = i and {e} = e (where >= 0).
+std::string with_indices(std::string pattern, int64_t i, int64_t e) {
+  for (auto [placeholder, v] : {std::pair{kLayer, i}, {kExpert, e}}) {
+    const size_t at = pattern.find(placeholder);
+    if (at != std::string::npos && v >= 0) pattern.replace(at, 3, std::to_string(v));
+  }
   return pattern;
 }
 
@@ -283,11 +302,33 @@ void scale_values(HostArray& a, double factor, const std::string& path) {
   }
 }
 
-Box slice_box(const Shape& shape, size_t axis, int64_t index) {
+// The box of one position along each of `axes`.
+Box slice_box(const Shape& shape, const std::vector<int64_t>& axes, const std::vector<int64_t>& index) {
   std::vector<int64_t> start(shape.rank(), 0), stop(shape.dims());
-  start[axis] = index;
-  stop[axis] = index + 1;
+  for (size_t k = 0; k < axes.size(); ++k) {
+    start[static_cast<size_t>(axes[k])] = index[k];
+    stop[static_cast<size_t>(axes[k])] = index[k] + 1;
+  }
   return Box(std::move(start), std::move(stop));
+}
+
+// The row-major position of the n-th member of a grid with these counts.
+std::vector<int64_t> unravel(int64_t n, const std::vector<int64_t>& counts) {
+  std::vector<int64_t> at(counts.size());
+  for (size_t k = counts.size(); k-- > 0;) {
+    at[k] = n % counts[k];
+    n /= counts[k];
+  }
+  return at;
+}
+
+// A rule's stacked axes in ascending order, each with the placeholder it stacks.
+std::vector<std::pair<int64_t, std::string_view>> stack_axes(const KeyMapRule& r) {
+  std::vector<std::pair<int64_t, std::string_view>> out;
+  if (r.stack) out.emplace_back(*r.stack, kLayer);
+  if (r.stack_experts) out.emplace_back(*r.stack_experts, kExpert);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace
@@ -331,17 +372,18 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
     if (!n.IsMap()) fail(source, n, "each rule is a mapping with from and to");
     for (const auto& kv : n) {
       const std::string key = kv.first.as<std::string>();
-      static const std::set<std::string> known = {"from",  "to",         "transpose", "split",
-                                                  "stack", "interleave", "scale",     "optional"};
+      static const std::set<std::string> known = {"from",       "to",    "transpose", "split",   "stack",
+                                                  "stack_experts", "interleave", "scale",  "optional"};
       if (!known.contains(key))
         fail(source, kv.first,
-             fmt::format("unknown rule key '{}' (expected from, to, transpose, split, interleave, stack, scale, "
-                         "optional)", key));
+             fmt::format("unknown rule key '{}' (expected from, to, transpose, split, interleave, stack, "
+                         "stack_experts, scale, optional)", key));
     }
     KeyMapRule r;
     r.from = pattern_of(source, n, "from");
     r.to = pattern_of(source, n, "to");
-    if (has_index(r.to) && !has_index(r.from)) fail(source, n["to"], "to has {i} but from has not");
+    if (has(r.to, kLayer) && !has(r.from, kLayer)) fail(source, n["to"], "to has {i} but from has not");
+    if (has(r.to, kExpert) && !has(r.from, kExpert)) fail(source, n["to"], "to has {e} but from has not");
     if (const YAML::Node t = n["transpose"]) {
       if (!t.IsSequence()) fail(source, t, "transpose must be a list (a permutation)");
       for (const YAML::Node& p : t) r.transpose.push_back(int_of(source, p, vars, "transpose"));
@@ -366,10 +408,18 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
       r.stack = int_of(source, s, vars, "stack");
       if (*r.stack < 0) fail(source, s, "stack must be a non-negative axis");
     }
-    if (has_index(r.from) && !has_index(r.to) && !r.stack)
+    if (has(r.from, kLayer) && !has(r.to, kLayer) && !r.stack)
       fail(source, n, "from has {i} and to has not: say along which axis the layers stack (stack: AXIS)");
-    if (r.stack && !(has_index(r.from) && !has_index(r.to)))
+    if (r.stack && !(has(r.from, kLayer) && !has(r.to, kLayer)))
       fail(source, n["stack"], "stack needs {i} in from and not in to");
+    if (const YAML::Node s = n["stack_experts"]) {
+      r.stack_experts = int_of(source, s, vars, "stack_experts");
+      if (*r.stack_experts < 0) fail(source, s, "stack_experts must be a non-negative axis");
+      if (!(has(r.from, kExpert) && !has(r.to, kExpert))) fail(source, s, "stack_experts needs {e} in from and not in to");
+      if (r.stack && *r.stack == *r.stack_experts) fail(source, s, "stack and stack_experts must be different axes");
+    }
+    if (has(r.from, kExpert) && !has(r.to, kExpert) && !r.stack_experts)
+      fail(source, n, "from has {e} and to has not: say along which axis the experts stack (stack_experts: AXIS)");
     if (const YAML::Node i = n["interleave"]) {
       r.interleave = int_of(source, i, vars, "interleave");
       if (*r.interleave < 0) fail(source, i, "interleave must be a non-negative axis");
@@ -394,24 +444,30 @@ std::map<std::string, std::string> parse_map_vars(std::string_view text) {
 }
 
 MapPlan plan_key_map(const KeyMap& map, const State& source) {
-  std::vector<std::regex> from, to;
+  std::vector<Pattern> from, to;
   for (const KeyMapRule& r : map.rules) {
     from.push_back(regex_of(r.from));
     to.push_back(regex_of(r.to));
   }
-  // The first rule whose pattern (one side) matches each source path, with its {i}.
+  // The first rule whose pattern (one side) matches each source path, with its {i} and {e}.
   struct Match {
     size_t rule;
-    int64_t index;
+    int64_t layer, expert;  // -1: not in the pattern
   };
-  auto match_all = [&](const std::vector<std::regex>& patterns, std::vector<std::string>& unmatched) {
+  auto match_all = [&](const std::vector<Pattern>& patterns, std::vector<std::string>& unmatched) {
     std::map<std::string, Match, PathLess> out;
     for (const auto& [path, v] : source) {
       bool found = false;
       for (size_t r = 0; r < patterns.size() && !found; ++r) {
         std::smatch m;
-        if (std::regex_match(path, m, patterns[r])) {
-          out.emplace(path, Match{r, m.size() > 1 ? std::stoll(m[1].str()) : -1});
+        if (std::regex_match(path, m, patterns[r].re)) {
+          auto group = [&](size_t g) -> int64_t {
+            if (g == 0) return -1;
+            const auto v = text_util::parse_number<int64_t>(m[g].str());
+            if (!v) throw ValueError(fmt::format("{}: '{}' has an index out of range", map.source, path));
+            return *v;
+          };
+          out.emplace(path, Match{r, group(patterns[r].layer), group(patterns[r].expert)});
           found = true;
         }
       }
@@ -438,7 +494,8 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
   plan.forward = fwd;
   // Group by rule and target.
   std::vector<size_t> used(map.rules.size(), 0);
-  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> stacks;  // target -> (index, source)
+  // target -> (its position along the stacked axes, ascending; source)
+  std::map<std::string, std::vector<std::pair<std::vector<int64_t>, std::string>>> stacks;
   std::map<std::string, size_t> stack_rule;
   for (const auto& [path, m] : matches) {
     const KeyMapRule& r = map.rules[m.rule];
@@ -451,53 +508,92 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
                                      v.shape().rank()));
       const Shape s = split_shape(r, transposed(v.shape(), r.transpose), what);
       check_value_steps(r, s, v.dtype(), what);
-      if (r.stack) {
-        stacks[r.to].emplace_back(m.index, path);
-        stack_rule[r.to] = m.rule;
+      const auto axes = stack_axes(r);
+      if (!axes.empty()) {
+        std::vector<int64_t> at;
+        for (const auto& [axis, placeholder] : axes) at.push_back(placeholder == kLayer ? m.layer : m.expert);
+        const std::string target = with_indices(r.to, m.layer, m.expert);
+        stacks[target].emplace_back(std::move(at), path);
+        stack_rule[target] = m.rule;
         continue;
       }
-      plan.tensors.push_back({with_index(r.to, m.index), s, v.dtype(), {path}, std::nullopt, std::nullopt, 0, &r, true});
+      plan.tensors.push_back({with_indices(r.to, m.layer, m.expert), s, v.dtype(), {path}, {}, {}, {}, &r, true});
     } else {
-      if (r.stack) {  // unstack: one target per layer
-        const auto axis = static_cast<size_t>(*r.stack);
-        if (axis >= v.shape().rank())
-          throw ValueError(fmt::format("{}: no axis {} to unstack in a rank-{} tensor", what, axis, v.shape().rank()));
-        const Shape slice = remove_axis(v.shape(), axis);
+      const auto axes = stack_axes(r);
+      if (!axes.empty()) {  // unstack: one target per layer (and expert)
+        std::vector<int64_t> unstack, counts;
+        Shape slice = v.shape();
+        for (auto it = axes.rbegin(); it != axes.rend(); ++it) {
+          const auto axis = static_cast<size_t>(it->first);
+          if (axis >= slice.rank())
+            throw ValueError(fmt::format("{}: no axis {} to unstack in a rank-{} tensor", what, axis, v.shape().rank()));
+          slice = remove_axis(slice, axis);
+        }
+        for (const auto& [axis, placeholder] : axes) {
+          unstack.push_back(axis);
+          counts.push_back(v.shape()[static_cast<size_t>(axis)]);
+        }
         check_value_steps(r, slice, v.dtype(), what);
         const Shape s = untransposed(merge_shape(r, slice, what), r.transpose);
-        for (int64_t i = 0; i < v.shape()[axis]; ++i)
-          plan.tensors.push_back({with_index(r.from, i), s, v.dtype(), {path}, std::nullopt, *r.stack, i, &r, false});
+        int64_t total = 1;
+        for (int64_t c : counts) total *= c;
+        for (int64_t n = 0; n < total; ++n) {
+          std::vector<int64_t> at = unravel(n, counts);
+          int64_t layer = m.layer, expert = m.expert;
+          for (size_t k = 0; k < axes.size(); ++k) (axes[k].second == kLayer ? layer : expert) = at[k];
+          plan.tensors.push_back({with_indices(r.from, layer, expert), s, v.dtype(), {path}, {}, unstack, at, &r, false});
+        }
       } else {
         if (r.transpose.size() && r.transpose.size() != merge_shape(r, v.shape(), what).rank())
           throw ValueError(fmt::format("{}: transpose of {} axes does not fit", what, r.transpose.size()));
         check_value_steps(r, v.shape(), v.dtype(), what);
         const Shape s = untransposed(merge_shape(r, v.shape(), what), r.transpose);
-        plan.tensors.push_back({with_index(r.from, m.index), s, v.dtype(), {path}, std::nullopt, std::nullopt, 0, &r, false});
+        plan.tensors.push_back({with_indices(r.from, m.layer, m.expert), s, v.dtype(), {path}, {}, {}, {}, &r, false});
       }
     }
   }
   for (auto& [target, members] : stacks) {
     const KeyMapRule& r = map.rules[stack_rule[target]];
+    const auto axes = stack_axes(r);
     std::sort(members.begin(), members.end());
-    for (size_t k = 0; k < members.size(); ++k)
-      if (members[k].first != static_cast<int64_t>(k))
-        throw ValueError(fmt::format("{}: '{}' stacks layers {}: they must be 0..{} without gaps", map.source, target,
-                                     members[k].first, members.size() - 1));
+    // The members must fill the grid 0..n-1 along each stacked axis, each position once.
+    std::vector<int64_t> counts(axes.size(), 0);
+    for (const auto& [at, p] : members)
+      for (size_t k = 0; k < at.size(); ++k) counts[k] = std::max(counts[k], at[k] + 1);
+    for (size_t n = 0; n < members.size(); ++n) {
+      const std::vector<int64_t> want = unravel(static_cast<int64_t>(n), counts);
+      if (members[n].first != want) {
+        std::vector<std::string> at;
+        for (size_t k = 0; k < axes.size(); ++k)
+          at.push_back(fmt::format("{} {}", axes[k].second == kLayer ? "layer" : "expert", want[k]));
+        throw ValueError(fmt::format("{}: '{}' has no source for {} (layers and experts stack 0..n-1 without gaps, "
+                                     "each once)", map.source, target, fmt::join(at, ", ")));
+      }
+    }
+    int64_t total = 1;
+    for (int64_t c : counts) total *= c;
+    if (static_cast<int64_t>(members.size()) != total)
+      throw ValueError(fmt::format("{}: '{}' does not have every layer and expert", map.source, target));
     const Variable& first = source.at(members.front().second);
     std::vector<std::string> paths;
-    for (const auto& [i, p] : members) {
+    for (const auto& [at, p] : members) {
       const Variable& v = source.at(p);
       if (v.shape() != first.shape() || v.dtype() != first.dtype())
-        throw ValueError(fmt::format("{}: '{}' is {} but '{}' is {}: layers stack only when alike", map.source, p,
-                                     type_string(v.dtype(), v.shape()), members.front().second,
+        throw ValueError(fmt::format("{}: '{}' is {} but '{}' is {}: layers and experts stack only when alike",
+                                     map.source, p, type_string(v.dtype(), v.shape()), members.front().second,
                                      type_string(first.dtype(), first.shape())));
       paths.push_back(p);
     }
-    const Shape s = split_shape(r, transposed(first.shape(), r.transpose), "'" + target + "'");
-    if (static_cast<size_t>(*r.stack) > s.rank())
-      throw ValueError(fmt::format("{}: stack axis {} past the rank {} of '{}'", map.source, *r.stack, s.rank(), target));
-    plan.tensors.push_back({target, insert_axis(s, static_cast<size_t>(*r.stack), static_cast<int64_t>(paths.size())),
-                            first.dtype(), paths, *r.stack, std::nullopt, 0, &r, true});
+    Shape s = split_shape(r, transposed(first.shape(), r.transpose), "'" + target + "'");
+    std::vector<int64_t> stack;
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const auto axis = static_cast<size_t>(axes[k].first);
+      if (axis > s.rank())
+        throw ValueError(fmt::format("{}: stack axis {} past the rank {} of '{}'", map.source, axis, s.rank(), target));
+      s = insert_axis(s, axis, counts[k]);
+      stack.push_back(axes[k].first);
+    }
+    plan.tensors.push_back({target, s, first.dtype(), paths, stack, {}, {}, &r, true});
   }
   std::vector<std::string> unused;
   for (size_t r = 0; r < map.rules.size(); ++r)
@@ -523,22 +619,24 @@ HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*
       HostArray split = reshaped(transpose(a, r.transpose), split_shape(r, transposed(a.shape(), r.transpose), t.path));
       return r.interleave ? interleaved(split, static_cast<size_t>(*r.interleave), true) : split;
     };
-    if (!t.stack) return one(*sources.front());
+    if (t.stack.empty()) return one(*sources.front());
     HostArray out(t.shape, t.dtype);
-    const auto axis = static_cast<size_t>(*t.stack);
+    std::vector<int64_t> counts;
+    for (int64_t axis : t.stack) counts.push_back(t.shape[static_cast<size_t>(axis)]);
     for (size_t i = 0; i < sources.size(); ++i) {
       const HostArray slice = one(*sources[i]);
-      const Box dst = slice_box(t.shape, axis, static_cast<int64_t>(i));
+      const Box dst = slice_box(t.shape, t.stack, unravel(static_cast<int64_t>(i), counts));
       copy_region(slice.bytes().data(), dst, out.mutable_bytes().data(), Box::full(t.shape), dst, item);
     }
     return out;
   }
   const HostArray& src = *sources.front();
   HostArray piece = src;
-  if (t.unstack) {
-    const auto axis = static_cast<size_t>(*t.unstack);
-    const Box region = slice_box(src.shape(), axis, t.index);
-    HostArray slice(remove_axis(src.shape(), axis), t.dtype);
+  if (!t.unstack.empty()) {
+    const Box region = slice_box(src.shape(), t.unstack, t.index);
+    Shape s = src.shape();
+    for (auto it = t.unstack.rbegin(); it != t.unstack.rend(); ++it) s = remove_axis(s, static_cast<size_t>(*it));
+    HostArray slice(s, t.dtype);
     copy_region(src.bytes().data(), Box::full(src.shape()), slice.mutable_bytes().data(), region, region, item);
     piece = std::move(slice);
   }

@@ -24,7 +24,9 @@
 // `scale` multiplies floating-point values, in float32 for 16-bit types (rounded back to nearest
 // even), as MaxText's conversion hooks do.
 // Names use '.' or '/' between levels. `{i}` stands for a layer index 0..n-1; in `from` alone it
-// needs `stack`, in both it keeps layers apart. Every source tensor must be matched by a rule,
+// needs `stack`, in both it keeps layers apart. `{e}` is an expert index likewise, with
+// `stack_experts: AXIS` (MaxText's experts [experts, layers, in, out]: stack_experts: 0, stack: 1;
+// the stacked axes are the result's, inserted in ascending order). Every source tensor must be matched by a rule,
 // and a rule (unless `optional: true`) must match something.
 #pragma once
 
@@ -47,6 +49,7 @@ struct KeyMapRule {
   std::optional<int64_t> split_axis;             // split this axis (after the transpose) ...
   std::vector<int64_t> split_sizes;              // ... into these sizes (one may be -1)
   std::optional<int64_t> stack;                  // stack axis of the result, for {i} in `from` only
+  std::optional<int64_t> stack_experts;          // the same for {e} in `from` only
   std::optional<double> scale;                   // forward factor; backward divides by it
   std::optional<int64_t> interleave;             // axis (after the split) to interleave its halves along
   bool optional = false;
@@ -63,16 +66,16 @@ struct KeyMap {
 KeyMap parse_key_map(std::string_view yaml, std::string source, const std::map<std::string, std::string>& vars = {});
 KeyMap load_key_map(const std::filesystem::path& file, const std::map<std::string, std::string>& vars = {});
 
-// One target tensor and how to make it: from one source tensor (`sources.size() == 1`, its
-// `index`-th slice along `unstack` when set) or from several stacked along `stack`.
+// One target tensor and how to make it: from one source tensor (`sources.size() == 1`, its slice
+// at `index` along the `unstack` axes when set) or from several stacked along the `stack` axes.
 struct MappedTensor {
   std::string path;  // target path
   Shape shape;
   DType dtype;
-  std::vector<std::string> sources;    // source paths, in stacking order
-  std::optional<int64_t> stack;        // forward: stack the sources along this axis
-  std::optional<int64_t> unstack;      // backward: take slice `index` along this axis of the source
-  int64_t index = 0;
+  std::vector<std::string> sources;    // source paths, row-major over the stack axes
+  std::vector<int64_t> stack;          // forward: target axes (ascending) the sources stack along
+  std::vector<int64_t> unstack;        // backward: source axes (ascending) to take the slice along
+  std::vector<int64_t> index;          // ... at these positions
   const KeyMapRule* rule = nullptr;
   bool forward = true;
 };
