@@ -118,6 +118,36 @@ TEST(KeyMap, ExpertsStackWithLayers) {
               ThrowsMessage<ParseError>(HasSubstr("different axes")));
 }
 
+// Layer ranges split one source stack into two targets (DeepSeek's dense then MoE layers), each
+// counted from 0, and the way back restores the source's layer numbers.
+TEST(KeyMap, LayerRangesSplitAStack) {
+  std::mt19937 rng(9);
+  const KeyMap map = parse_key_map(R"(vars: {k: 2}
+rules:
+  - from: layers.{i}.w
+    to: dense.w
+    stack: 0
+    layers: [0, "{k}"]
+  - from: layers.{i}.w
+    to: moe.w
+    stack: 0
+    layers: ["{k}"]
+)", "ranges.yml");
+  std::map<std::string, HostArray> values;
+  for (int i = 0; i < 5; ++i) values.emplace(fmt::format("layers/{}/w", i), testing::random_host(rng, {3}, DType::kF32));
+  const auto there = apply_plan(plan_key_map(map, abstract(values)), values);
+  ASSERT_EQ(there.at("dense/w").shape(), Shape({2, 3}));
+  ASSERT_EQ(there.at("moe/w").shape(), Shape({3, 3}));
+  EXPECT_EQ(std::memcmp(there.at("moe/w").bytes().data(), values.at("layers/2/w").bytes().data(), 12), 0);
+  const auto back = apply_plan(plan_key_map(map, abstract(there)), there);
+  ASSERT_EQ(back.size(), values.size());
+  for (const auto& [p, h] : values) EXPECT_EQ(back.at(p), h) << p;
+  EXPECT_THAT([] { parse_key_map("rules:\n  - from: a\n    to: b\n    layers: [0]\n", "m.yml"); },
+              ThrowsMessage<ParseError>(HasSubstr("layers needs {i} in from")));
+  EXPECT_THAT([] { parse_key_map("rules:\n  - from: a.{i}\n    to: b\n    stack: 0\n    layers: [3, 1]\n", "m.yml"); },
+              ThrowsMessage<ParseError>(HasSubstr("0 <= START <= STOP")));
+}
+
 TEST(KeyMap, PlansRefuseWhatDoesNotFit) {
   const KeyMap map = parse_key_map(kMap, "map.yml");
   auto shapes = [](std::vector<std::pair<std::string, Shape>> s) {

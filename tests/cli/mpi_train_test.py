@@ -8,6 +8,9 @@ restore:     a checkpoint saved by 2 processes resumes with 1 process and with 4
 kill:        a process killed (SIGKILL) while the job saves makes the others exit with an error
              soon, and every step left behind is complete and resumes.
 mismatch:    processes started with different configurations all report it, and exit with 1.
+moe:         a tiny MaxText mixtral and a tiny deepseek3 (MLA, routed and shared experts, the expert
+             all_to_all across the processes) on data=2,expert=4 give bit for bit the losses of 1
+             process at 2 and 4 processes.
 """
 import json
 import os
@@ -203,12 +206,42 @@ def mismatch(work):
           f"{time.time() - start:.0f} s")
 
 
+def moe(work):
+    maxtext = os.path.join(os.environ["TESSEL_TESTDATA"], "maxtext")
+    tiny = ["base_emb_dim=32", "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=48",
+            "base_num_decoder_layers=2", "vocab_size=256", "num_experts=8", "num_experts_per_tok=2"]
+    models = {
+        "mixtral": ("llama2-7b.yml", ["decoder_block=mixtral", "head_dim=8", "base_moe_mlp_dim=48",
+                                      "load_balance_loss_weight=0.01"]),
+        "deepseek3": ("deepseek3-tiny.yml", ["base_moe_mlp_dim=16", "first_num_dense_layers=1", "q_lora_rank=16",
+                                             "kv_lora_rank=8", "qk_nope_head_dim=8", "qk_rope_head_dim=4",
+                                             "v_head_dim=8"]),
+    }
+    for name, (model, sets) in models.items():
+        cmd = [TESSEL, "train", "--model", f"{maxtext}/models/{model}", "--base", f"{maxtext}/base.yml",
+               *[a for s in tiny + sets for a in ("--set", s)], "--mesh", "data=2,expert=4", "--steps", "4",
+               "--batch", "8", "--seq", "32", "--log-every", "1"]
+        runs = {}
+        for processes in (0, 2, 4):
+            out = f"{work}/{name}{processes}.jsonl"
+            full = cmd + ["--metrics", out]
+            if processes:
+                full = MPI + ["-np", str(processes)] + full + ["--devices-per-process", str(8 // processes)]
+            run(full)
+            runs[processes] = metrics(out)
+        check(len(runs[0]) == 4, f"{name}: 4 steps expected, got {runs[0]}")
+        for processes in (2, 4):
+            check(runs[processes] == runs[0],
+                  f"{name}, {processes} processes: {runs[processes]}\n differ from 1 process: {runs[0]}")
+        print(f"moe: 4 steps of {name} on data=2,expert=4 bit-identical at 1, 2 and 4 processes: {runs[0]}")
+
+
 def main():
     work = tempfile.mkdtemp(prefix="tessel-mpi-")
     try:
         with open(os.path.join(work, "model.yaml"), "w") as f:
             f.write(MODEL)
-        {"equivalence": equivalence, "restore": restore, "kill": kill, "mismatch": mismatch}[TEST](work)
+        {"equivalence": equivalence, "restore": restore, "kill": kill, "mismatch": mismatch, "moe": moe}[TEST](work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -311,5 +311,77 @@ TEST(NnOps, CausalMaskRopeAndCast) {
   }
 }
 
+// slice, concat and broadcast_like (MLA's pieces) against host loops, gradients against finite
+// differences, on random meshes and shardings.
+TEST(NnOps, SliceConcatAndBroadcastMoveTheRightElements) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(17);
+  for (int iter = 0; iter < 6; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const Host a = random_host(rng, {3, 5, 4}), b = random_host(rng, {3, 2, 4}), r = random_host(rng, {3, 1, 4});
+    auto spec = [&](size_t rank) { return NamedSharding(mesh, testing::random_spec(rng, mesh, rank)); };
+    const Tensor ta = put(rt, a, spec(3)), tb = put(rt, b, spec(3)), tr = put(rt, r, spec(3));
+    std::vector<double> want_slice, want_concat, want_bcast;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 7; ++j)
+        for (int k = 0; k < 4; ++k) {
+          want_concat.push_back(j < 5 ? a.v[(i * 5 + j) * 4 + k] : b.v[(i * 2 + j - 5) * 4 + k]);
+          if (j >= 1 && j < 4) want_slice.push_back(a.v[(i * 5 + j) * 4 + k]);
+          if (j < 5) want_bcast.push_back(r.v[i * 4 + k]);
+        }
+    expect_near(values(ops::slice(ta, 1, 1, 3)), want_slice);
+    expect_near(values(ops::concat({ta, tb}, 1)), want_concat);
+    const Tensor wide = ops::broadcast_like(tr, ta);
+    EXPECT_EQ(wide.sharding(), ta.sharding());
+    expect_near(values(wide), want_bcast);
+    check_gradient(rt, rng, mesh, {a, b, r}, [](const std::vector<Tensor>& in) {
+      return ops::concat({ops::slice(in[0], 1, 1, 3), in[1], ops::broadcast_like(in[2], in[0])}, 1);
+    });
+  }
+  const Tensor x = put(Runtime::host(1), random_host(rng, {2, 3}), NamedSharding(Mesh({{"x", 1}}), {}));
+  EXPECT_THAT([&] { ops::slice(x, 1, 2, 2); }, ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("[2, 4) along dimension 1")));
+  EXPECT_THAT([&] { ops::concat({x, ops::slice(x, 0, 0, 1)}, 1); }, ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("does not join")));
+}
+
+// YaRN's rope against MaxText's formula written out here (complex pairs times exp(i pos f_k), the
+// frequencies blended over the correction range), interleaved and halved, and its gradient.
+TEST(NnOps, YarnRopeMatchesMaxTextsFormula) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(23);
+  const int64_t b = 2, s = 5, h = 3, d = 8, half = d / 2;
+  for (bool interleave : {true, false}) {
+    const ops::YarnRope yarn{.max_timescale = 10000, .factor = 40, .beta_fast = 32, .beta_slow = 1,
+                             .original_max_position = 4096, .interleave = interleave, .truncate = true,
+                             .attention_scaling = interleave};
+    // correction dims: 8 ln(4096 / (32 * 2 pi)) / (2 ln 1e4) = 1.31 -> 1; 8 ln(4096 / (2 pi)) / (2 ln 1e4) = 2.81 -> 3
+    std::vector<double> freq(half);
+    for (int64_t k = 0; k < half; ++k) {
+      const double base = 1.0 / std::pow(10000.0, 2.0 * k / d);
+      const double ramp = std::clamp((k - 1.0) / (3.0 - 1.0), 0.0, 1.0);
+      freq[k] = base / 40 * ramp + base * (1 - ramp);
+    }
+    const double mscale = interleave ? 0.1 * std::log(40.0) + 1.0 : 1.0;
+    const Host x = random_host(rng, {b, s, h, d});
+    std::vector<double> want(x.v.size());
+    for (int64_t row = 0; row < b * s * h; ++row) {
+      const double pos = static_cast<double>((row / h) % s);
+      for (int64_t k = 0; k < half; ++k) {
+        const double re = x.v[row * d + (interleave ? 2 * k : k)], im = x.v[row * d + (interleave ? 2 * k + 1 : k + half)];
+        const double c = std::cos(pos * freq[k]), sn = std::sin(pos * freq[k]);
+        want[row * d + k] = (re * c - im * sn) * mscale;
+        want[row * d + half + k] = (re * sn + im * c) * mscale;
+      }
+    }
+    for (int iter = 0; iter < 3; ++iter) {
+      const Mesh mesh = testing::random_mesh(rng);
+      SCOPED_TRACE(mesh.to_string() + (interleave ? " interleaved" : " halves"));
+      expect_near(values(ops::yarn_rope(put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 4))), 1, yarn)),
+                  want);
+      check_gradient(rt, rng, mesh, {x}, [&](const std::vector<Tensor>& in) { return ops::yarn_rope(in[0], 1, yarn); });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessel

@@ -266,3 +266,64 @@ def test_moe_families_give_transformers_logits_with_expert_parallelism(rng, tmp)
                   "of transformers'")
             assert err <= 1e-4, (family, devices, err)
         assert_back_to_hf(item, hf, mapfile, config.head_dim, os.path.join(tmp, family + "_back"))
+
+
+def test_deepseek3_gives_transformers_logits_with_expert_parallelism(rng, tmp):
+    """DeepSeek-V3 from transformers (random, tiny: MLA with low-rank queries, YaRN rope with
+    interleaved pairs, dense then MoE layers with sigmoid routing, a random e_score_correction_bias
+    choosing the experts, a shared expert) through examples/maps/deepseek3_maxtext.yml into MaxText's
+    deepseek3-tiny file sized by --set: the same logits (f32, 1e-4 relative) on 1 device and on 8 with
+    expert and tensor parallelism, and back to HF's tensors."""
+    first_dense = rng.randint(1, 2)
+    layers = first_dense + rng.randint(1, 2)
+    nope, rope, v = rng.choice([8, 16]), rng.choice([4, 8]), rng.choice([8, 16])
+    experts = rng.choice([4, 8])
+    yarn = {"rope_type": "yarn", "rope_theta": rng.choice([10000.0, 50000.0]), "factor": 40.0,
+            "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+            "mscale_all_dim": 1.0}
+    config = transformers.DeepseekV3Config(
+        vocab_size=rng.choice([64, 96]), hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts,
+        num_experts_per_tok=rng.choice([1, 2, 3]), n_shared_experts=1, first_k_dense_replace=first_dense,
+        q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, n_group=1,
+        topk_group=1, routed_scaling_factor=2.5, rms_norm_eps=1e-6, max_position_embeddings=163840,
+        rope_parameters=yarn, rope_interleave=True, tie_word_embeddings=False)
+    torch.manual_seed(rng.randrange(2**31))
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():  # a bias that changes which experts are chosen
+        for layer in model.model.layers[first_dense:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(experts) * 0.5)
+    print(config.to_dict())
+    hf = os.path.join(tmp, "hf")
+    model.save_pretrained(hf)
+    mapfile = os.path.join(ROOT, "examples", "maps", "deepseek3_maxtext.yml")
+    map_vars = ["--map-var", f"first_dense={first_dense},qk_head_dim={nope + rope},kv_head_dim={nope + v},v_head_dim={v}"]
+    item = os.path.join(tmp, "item")
+    run("ckpt", "convert", hf, item, "--map", mapfile, *map_vars)
+    tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (8, rng.randint(3, 12)),
+                                                                   dtype=np.int32)
+    with torch.no_grad():
+        want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    sets = dict(base_emb_dim=32, base_num_query_heads=4, base_num_kv_heads=4, base_mlp_dim=48, base_moe_mlp_dim=16,
+                base_num_decoder_layers=layers, first_num_dense_layers=first_dense, vocab_size=config.vocab_size,
+                q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
+                num_experts=experts, num_experts_per_tok=config.num_experts_per_tok, shared_experts=1,
+                routed_scaling_factor=2.5, normalization_layer_epsilon=1e-6, rope_max_timescale=yarn["rope_theta"],
+                rope_factor=40, max_position_embeddings=163840, original_max_position_embeddings=4096,
+                weight_dtype="float32", dtype="float32", ici_fsdp_parallelism=-1)
+    for devices, tensor, expert in [(1, 1, 1), (8, 2, 4), (8, 1, 8)]:
+        m = tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", "deepseek3-tiny.yml"),
+                                      os.path.join(MAXTEXT, "base.yml"),
+                                      set=dict(sets, ici_tensor_parallelism=tensor, ici_expert_parallelism=expert))
+        mesh = m.maxtext_mesh(devices)
+        got = tessel.forward(m, tessel.checkpoint.restore(item, mesh=mesh), tokens, mesh)
+        err = relative_error(got, want)
+        print(f"deepseek3 on {devices} device(s), tensor={tensor}, expert={expert}: logits within {err:.2e} "
+              "of transformers'")
+        assert err <= 1e-4, (devices, err)
+    back = os.path.join(tmp, "back")
+    run("ckpt", "convert", item, back, "--map", mapfile, *map_vars, "--to", "safetensors")
+    saved, again = tensors_of(hf), tensors_of(back)
+    assert sorted(saved) == sorted(again)
+    for name, value in saved.items():
+        np.testing.assert_allclose(again[name], value, rtol=0, atol=0, err_msg=name)

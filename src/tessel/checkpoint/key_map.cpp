@@ -372,12 +372,12 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
     if (!n.IsMap()) fail(source, n, "each rule is a mapping with from and to");
     for (const auto& kv : n) {
       const std::string key = kv.first.as<std::string>();
-      static const std::set<std::string> known = {"from",       "to",    "transpose", "split",   "stack",
-                                                  "stack_experts", "interleave", "scale",  "optional"};
+      static const std::set<std::string> known = {"from",  "to",         "transpose", "split",  "stack",
+                                                  "stack_experts", "layers", "interleave", "scale", "optional"};
       if (!known.contains(key))
         fail(source, kv.first,
              fmt::format("unknown rule key '{}' (expected from, to, transpose, split, interleave, stack, "
-                         "stack_experts, scale, optional)", key));
+                         "stack_experts, layers, scale, optional)", key));
     }
     KeyMapRule r;
     r.from = pattern_of(source, n, "from");
@@ -418,6 +418,14 @@ KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
       if (!(has(r.from, kExpert) && !has(r.to, kExpert))) fail(source, s, "stack_experts needs {e} in from and not in to");
       if (r.stack && *r.stack == *r.stack_experts) fail(source, s, "stack and stack_experts must be different axes");
     }
+    if (const YAML::Node l = n["layers"]) {
+      if (!l.IsSequence() || l.size() < 1 || l.size() > 2) fail(source, l, "layers is [START] or [START, STOP]");
+      if (!has(r.from, kLayer)) fail(source, l, "layers needs {i} in from");
+      r.layer_start = int_of(source, l[0], vars, "layers start");
+      if (l.size() == 2) r.layer_stop = int_of(source, l[1], vars, "layers stop");
+      if (r.layer_start < 0 || (r.layer_stop && *r.layer_stop < r.layer_start))
+        fail(source, l, "layers must be 0 <= START <= STOP");
+    }
     if (has(r.from, kExpert) && !has(r.to, kExpert) && !r.stack_experts)
       fail(source, n, "from has {e} and to has not: say along which axis the experts stack (stack_experts: AXIS)");
     if (const YAML::Node i = n["interleave"]) {
@@ -454,20 +462,29 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
     size_t rule;
     int64_t layer, expert;  // -1: not in the pattern
   };
-  auto match_all = [&](const std::vector<Pattern>& patterns, std::vector<std::string>& unmatched) {
+  // Matching `from` names, a rule takes only the layers in its range, numbered from its start.
+  auto match_all = [&](const std::vector<Pattern>& patterns, bool from_side, std::vector<std::string>& unmatched) {
     std::map<std::string, Match, PathLess> out;
-    for (const auto& [path, v] : source) {
+    for (const auto& entry : source) {
+      const std::string& path = entry.first;
       bool found = false;
       for (size_t r = 0; r < patterns.size() && !found; ++r) {
         std::smatch m;
         if (std::regex_match(path, m, patterns[r].re)) {
           auto group = [&](size_t g) -> int64_t {
             if (g == 0) return -1;
-            const auto v = text_util::parse_number<int64_t>(m[g].str());
-            if (!v) throw ValueError(fmt::format("{}: '{}' has an index out of range", map.source, path));
-            return *v;
+            const auto n = text_util::parse_number<int64_t>(m[g].str());
+            if (!n || *n > (int64_t{1} << 40))
+              throw ValueError(fmt::format("{}: '{}' has an index out of range", map.source, path));
+            return *n;
           };
-          out.emplace(path, Match{r, group(patterns[r].layer), group(patterns[r].expert)});
+          Match match{r, group(patterns[r].layer), group(patterns[r].expert)};
+          const KeyMapRule& rule = map.rules[r];
+          if (from_side && match.layer >= 0) {
+            if (match.layer < rule.layer_start || (rule.layer_stop && match.layer >= *rule.layer_stop)) continue;
+            match.layer -= rule.layer_start;
+          }
+          out.emplace(path, match);
           found = true;
         }
       }
@@ -476,8 +493,8 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
     return out;
   };
   std::vector<std::string> unmatched_forward, unmatched_backward;
-  const auto forward = match_all(from, unmatched_forward);
-  const auto backward = match_all(to, unmatched_backward);
+  const auto forward = match_all(from, true, unmatched_forward);
+  const auto backward = match_all(to, false, unmatched_backward);
   const bool fwd = unmatched_forward.empty(), bwd = unmatched_backward.empty();
   if (fwd && bwd && !source.empty() && !forward.empty())
     throw ValueError(map.source + ": the source's names match both sides of the map; which way is meant?");
@@ -541,14 +558,16 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
           std::vector<int64_t> at = unravel(n, counts);
           int64_t layer = m.layer, expert = m.expert;
           for (size_t k = 0; k < axes.size(); ++k) (axes[k].second == kLayer ? layer : expert) = at[k];
-          plan.tensors.push_back({with_indices(r.from, layer, expert), s, v.dtype(), {path}, {}, unstack, at, &r, false});
+          plan.tensors.push_back({with_indices(r.from, layer < 0 ? layer : layer + r.layer_start, expert), s, v.dtype(),
+                                  {path}, {}, unstack, at, &r, false});
         }
       } else {
         if (r.transpose.size() && r.transpose.size() != merge_shape(r, v.shape(), what).rank())
           throw ValueError(fmt::format("{}: transpose of {} axes does not fit", what, r.transpose.size()));
         check_value_steps(r, v.shape(), v.dtype(), what);
         const Shape s = untransposed(merge_shape(r, v.shape(), what), r.transpose);
-        plan.tensors.push_back({with_indices(r.from, m.layer, m.expert), s, v.dtype(), {path}, {}, {}, {}, &r, false});
+        plan.tensors.push_back({with_indices(r.from, m.layer < 0 ? m.layer : m.layer + r.layer_start, m.expert), s,
+                                v.dtype(), {path}, {}, {}, {}, &r, false});
       }
     }
   }

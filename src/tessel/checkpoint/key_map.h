@@ -26,7 +26,9 @@
 // Names use '.' or '/' between levels. `{i}` stands for a layer index 0..n-1; in `from` alone it
 // needs `stack`, in both it keeps layers apart. `{e}` is an expert index likewise, with
 // `stack_experts: AXIS` (MaxText's experts [experts, layers, in, out]: stack_experts: 0, stack: 1;
-// the stacked axes are the result's, inserted in ascending order). Every source tensor must be matched by a rule,
+// the stacked axes are the result's, inserted in ascending order). `layers: [START, STOP]` (or
+// `[START]`) restricts a rule to source layers START..STOP-1, numbered from 0 on the `to` side:
+// DeepSeek's HF layers 0..k-1 go to MaxText's dense_layers, k.. to moe_layers. Every source tensor must be matched by a rule,
 // and a rule (unless `optional: true`) must match something.
 #pragma once
 
@@ -50,6 +52,8 @@ struct KeyMapRule {
   std::vector<int64_t> split_sizes;              // ... into these sizes (one may be -1)
   std::optional<int64_t> stack;                  // stack axis of the result, for {i} in `from` only
   std::optional<int64_t> stack_experts;          // the same for {e} in `from` only
+  int64_t layer_start = 0;                       // `from`'s {i} in [layer_start, layer_stop) only,
+  std::optional<int64_t> layer_stop;             // counted from layer_start in `to` and the stack
   std::optional<double> scale;                   // forward factor; backward divides by it
   std::optional<int64_t> interleave;             // axis (after the split) to interleave its halves along
   bool optional = false;

@@ -91,7 +91,7 @@ Module maxtext_model(const MaxTextConfig& c) {
 
 bool maxtext_has_forward(const MaxTextConfig& c) {
   return c.decoder_block == "llama2" || c.decoder_block == "qwen3" || c.decoder_block == "mixtral" ||
-         c.decoder_block == "qwen3_moe";
+         c.decoder_block == "qwen3_moe" || c.decoder_block == "deepseek";
 }
 
 Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
@@ -101,22 +101,25 @@ Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor&
 MaxTextOutputs maxtext_forward(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
   if (!maxtext_has_forward(c))
     throw ValueError(fmt::format("decoder_block '{}': tessel builds its parameters but has no forward pass for it yet "
-                                 "(llama2, qwen3, mixtral and qwen3_moe have one)", c.decoder_block));
+                                 "(llama2, qwen3, mixtral, qwen3_moe and deepseek have one)", c.decoder_block));
   if (tokens.rank() != 2) throw ValueError("maxtext: tokens must be [batch, seq], got " + tokens.to_string());
   const Tensor& embedding = nn::param(p, "token_embedder/embedding");
   Tensor x = ops::take(embedding, tokens);
   std::vector<Tensor> aux;
-  for (int64_t i = 0; i < c.num_decoder_layers; ++i) {
-    const Weights w = [&c, &p, i](const std::string& path) {
-      if (!c.scan_layers) return nn::param(p, "decoder/layers_" + std::to_string(i) + "/" + path);
-      const Tensor& stacked = nn::param(p, "decoder/layers/" + path);
-      const size_t dim = std::min(static_cast<size_t>(c.param_scan_axis), stacked.rank() - 1);
-      return ops::index(stacked, dim, i);
-    };
-    if (c.decoder_block == "qwen3") x = maxtext::qwen3_layer_forward(c, w, x);
-    else if (c.decoder_block == "mixtral") x = maxtext::mixtral_layer_forward(c, w, x, aux);
-    else if (c.decoder_block == "qwen3_moe") x = maxtext::qwen3_moe_layer_forward(c, w, x, aux);
-    else x = maxtext::llama2_layer_forward(c, w, x);
+  for (const Stack& stack : stacks(c)) {
+    for (int64_t i = 0; i < stack.count; ++i) {
+      const Weights w = [&c, &p, &stack, i](const std::string& path) {
+        if (!c.scan_layers) return nn::param(p, "decoder/" + stack.name + "_" + std::to_string(i) + "/" + path);
+        const Tensor& stacked = nn::param(p, "decoder/" + stack.name + "/" + path);
+        const size_t dim = std::min(static_cast<size_t>(c.param_scan_axis), stacked.rank() - 1);
+        return ops::index(stacked, dim, i);
+      };
+      if (c.decoder_block == "qwen3") x = maxtext::qwen3_layer_forward(c, w, x);
+      else if (c.decoder_block == "mixtral") x = maxtext::mixtral_layer_forward(c, w, x, aux);
+      else if (c.decoder_block == "qwen3_moe") x = maxtext::qwen3_moe_layer_forward(c, w, x, aux);
+      else if (c.decoder_block == "deepseek") x = maxtext::deepseek_layer_forward(c, w, x, stack.moe, aux);
+      else x = maxtext::llama2_layer_forward(c, w, x);
+    }
   }
   x = ops::rms_norm(x, nn::param(p, "decoder/decoder_norm/scale"), c.normalization_layer_epsilon);
   MaxTextOutputs out;

@@ -352,6 +352,15 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
   c.rope_use_scale = s.boolean("rope_use_scale");
   c.rope_min_timescale = s.real("rope_min_timescale");
   c.rope_linear_scaling_factor = s.real("rope_linear_scaling_factor");
+  c.max_position_embeddings = s.integer("max_position_embeddings");
+  c.original_max_position_embeddings = s.integer("original_max_position_embeddings");
+  c.rope_factor = s.real("rope_factor");
+  c.beta_fast = s.real("beta_fast");
+  c.beta_slow = s.real("beta_slow");
+  c.mscale = s.real("mscale");
+  c.rope_interleave = s.boolean("rope_interleave");
+  c.rope_truncate = s.boolean("rope_truncate");
+  c.rope_attention_scaling = s.boolean("rope_attention_scaling");
   c.dense_init_scale = s.real("dense_init_scale");
   c.attention_bias = s.boolean("attention_bias");
   c.attention_sink = s.boolean("attention_sink");

@@ -56,6 +56,10 @@ struct MaxTextConfig {
   std::string rope_type = "default";
   bool rope_use_scale = true;
   double rope_min_timescale = 1, rope_linear_scaling_factor = 1;
+  // YaRN (rope_type: yarn) and MLA's softmax scale.
+  int64_t max_position_embeddings = 163840, original_max_position_embeddings = 4096;
+  double rope_factor = 40, beta_fast = 32, beta_slow = 1, mscale = 1;
+  bool rope_interleave = true, rope_truncate = true, rope_attention_scaling = false;
   double dense_init_scale = 1.0;
   bool attention_bias = false, attention_sink = false;
   int64_t sliding_window_size = 0;

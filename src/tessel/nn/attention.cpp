@@ -6,22 +6,24 @@
 namespace tessel::nn {
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  if (q.rank() != 4 || k.rank() != 4 || v.shape() != k.shape() || k.shape()[0] != q.shape()[0] ||
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || k.shape()[0] != q.shape()[0] ||
       k.shape()[1] != q.shape()[1] || k.shape()[3] != q.shape()[3] || k.shape()[2] == 0 ||
-      q.shape()[2] % k.shape()[2] != 0)
-    throw ValueError("causal_attention: needs q [b, s, h, d] and k, v [b, s, kv, d] with kv dividing h, got " +
-                     q.to_string() + ", " + k.to_string() + ", " + v.to_string());
-  const int64_t b = q.shape()[0], s = q.shape()[1], h = q.shape()[2], d = q.shape()[3];
+      q.shape()[2] % k.shape()[2] != 0 || v.shape()[0] != k.shape()[0] || v.shape()[1] != k.shape()[1] ||
+      v.shape()[2] != k.shape()[2])
+    throw ValueError("causal_attention: needs q [b, s, h, d], k [b, s, kv, d] and v [b, s, kv, dv] with kv dividing h, "
+                     "got " + q.to_string() + ", " + k.to_string() + ", " + v.to_string());
+  const int64_t b = q.shape()[0], s = q.shape()[1], h = q.shape()[2], dv = v.shape()[3];
   const int64_t kv = k.shape()[2], g = h / kv;
   // Query heads grouped by the key/value head they share: [b, kv, g * s, d].
+  const int64_t d = q.shape()[3];
   const Tensor qg =
       ops::reshape(ops::transpose(ops::reshape(q, Shape{b, s, kv, g, d}), {0, 2, 3, 1, 4}), Shape{b, kv, g * s, d});
   const Tensor kt = ops::transpose(k, {0, 2, 1, 3}), vt = ops::transpose(v, {0, 2, 1, 3});
   const Tensor scores = ops::reshape(ops::matmul(qg, kt, false, true), Shape{b, kv, g, s, s});
   const Tensor probs = ops::reshape(ops::softmax(ops::causal_mask(scores), 4), Shape{b, kv, g * s, s});
   const Tensor context = ops::matmul(probs, vt);
-  return ops::reshape(ops::transpose(ops::reshape(context, Shape{b, kv, g, s, d}), {0, 3, 1, 2, 4}),
-                      Shape{b, s, h * d});
+  return ops::reshape(ops::transpose(ops::reshape(context, Shape{b, kv, g, s, dv}), {0, 3, 1, 2, 4}),
+                      Shape{b, s, h * dv});
 }
 
 }  // namespace tessel::nn

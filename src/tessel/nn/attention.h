@@ -1,8 +1,8 @@
 // Causal dot-product attention over rotated queries and keys, grouped-query when there are fewer
 // key/value heads than query heads; shared by the models' attention layers.
 //
-//   Tensor context = nn::causal_attention(q, k, v);   // q [b, s, h, d], k and v [b, s, kv, d]
-//   // -> [b, s, h * d], ready for the output projection
+//   Tensor context = nn::causal_attention(q, k, v);   // q [b, s, h, d], k [b, s, kv, d], v [b, s, kv, dv]
+//   // -> [b, s, h * dv], ready for the output projection
 #pragma once
 
 #include "tessel/ops/tensor.h"

@@ -657,6 +657,16 @@ Tensor expand_like(const Tensor& g, const Tensor& x, size_t dim, bool kept) {
 }
 }  // namespace
 
+Tensor broadcast_like(const Tensor& x, const Tensor& like) {
+  const Tensor layout = like.is_abstract() ? Tensor::abstract(like.shape(), like.dtype(), like.sharding())
+                                           : Tensor(like.shards());
+  if (broadcast_shape(x.shape(), like.shape(), "broadcast_like") != like.shape())
+    throw ValueError("broadcast_like: " + x.to_string() + " does not broadcast to " + like.shape().to_string());
+  Tensor out = binary_raw(Binary::kFirst, x, layout, "broadcast_like");
+  if (!(out.sharding() == like.sharding())) out = reshard_raw(reduce_raw(out, nullptr), like.sharding());
+  return record(out, {x}, [shape = x.shape()](const Tensor& g) { return std::vector<Tensor>{sum_to(g, shape)}; });
+}
+
 Tensor sum(const Tensor& x, size_t dim, bool keepdims) {
   return record(sum_raw(x, dim, keepdims), {x}, [x, dim, keepdims](const Tensor& g) {
     return std::vector<Tensor>{expand_like(g, x, dim, keepdims)};

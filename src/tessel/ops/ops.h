@@ -97,6 +97,12 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 Tensor reshape(const Tensor& x, const Shape& shape);
 // out dimension i = x dimension perm[i]; the sharding moves with the dimensions.
 Tensor transpose(const Tensor& x, const std::vector<size_t>& perm);
+// x[..., start:start + size, ...] along `dim` (jnp.split's pieces); a split `dim` is gathered first.
+Tensor slice(const Tensor& x, size_t dim, int64_t start, int64_t size);
+// The parts joined along `dim` (jnp.concatenate), on the first part's split with `dim` whole.
+Tensor concat(const std::vector<Tensor>& parts, size_t dim);
+// x broadcast (numpy rules) to like's shape, on like's sharding; its gradient sums back.
+Tensor broadcast_like(const Tensor& x, const Tensor& like);
 // x[..., i, ...] along `dim` (dropped): one layer of a stacked parameter.
 Tensor index(const Tensor& x, size_t dim, int64_t i);
 // The gradient of index: `shape` filled with zeros, g at position i along `dim`.
@@ -115,5 +121,16 @@ Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale = 10000.0);
 // paired, and with `llama3_scaling` Llama 3.1's frequencies (factor 8, low/high frequency
 // factors 1 and 4 over an original context of 8192).
 Tensor llama_rope(const Tensor& x, size_t seq_dim, double max_timescale, bool llama3_scaling);
+// MaxText's YarnRotaryEmbedding (DeepSeek's rope): frequencies 1 / max_timescale^(2k/d) blended
+// towards 1 / factor of themselves below YaRN's correction range (beta_fast, beta_slow over
+// original_max_position); `interleave` pairs neighbours (2k, 2k+1) and returns the rotated pairs
+// as real parts then imaginary parts (MaxText's output layout), else halves are paired;
+// `attention_scaling` multiplies by 0.1 ln(factor) + 1.
+struct YarnRope {
+  double max_timescale = 10000, factor = 40, beta_fast = 32, beta_slow = 1;
+  int64_t original_max_position = 4096;
+  bool interleave = true, truncate = true, attention_scaling = false;
+};
+Tensor yarn_rope(const Tensor& x, size_t seq_dim, const YarnRope& yarn);
 
 }  // namespace tessel::ops

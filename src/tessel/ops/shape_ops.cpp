@@ -6,6 +6,9 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/autodiff.h"
@@ -83,11 +86,35 @@ struct RopeStyle {
   double max_timescale = 10000;
   bool interleaved = false;     // pairs (2k, 2k+1), else (k, k + head_dim / 2)
   bool llama3_scaling = false;  // Llama 3.1's frequency scaling
+  std::optional<YarnRope> yarn;  // YaRN's frequencies (max_timescale is yarn's)
 };
+
+// YaRN's frequency of pair k (MaxText's YarnRotaryEmbedding.freqs_cis, after DeepSeek-V3): the
+// base frequency blended towards base / factor below the correction range.
+double yarn_frequency(const YarnRope& y, int64_t k, int64_t d) {
+  const double base = 1.0 / std::pow(y.max_timescale, 2.0 * static_cast<double>(k) / static_cast<double>(d));
+  auto correction = [&](double rotations) {
+    return static_cast<double>(d) *
+           std::log(static_cast<double>(y.original_max_position) / (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(y.max_timescale));
+  };
+  double low = correction(y.beta_fast), high = correction(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(d - 1));
+  if (low == high) high += 0.001;
+  const double ramp = std::clamp((static_cast<double>(k) - low) / (high - low), 0.0, 1.0);
+  const double smooth = 1 - ramp;
+  return base / y.factor * (1 - smooth) + base * smooth;
+}
 
 // The angular frequency of pair k of a head of `d`: 1 / max_timescale^(2k/d), then Llama 3.1's
 // scaling (MaxText's LLaMARotaryEmbedding._apply_scaling_factor).
 double rope_frequency(const RopeStyle& style, int64_t k, int64_t d) {
+  if (style.yarn) return yarn_frequency(*style.yarn, k, d);
   const double freq = 1.0 / std::pow(style.max_timescale, 2.0 * static_cast<double>(k) / static_cast<double>(d));
   if (!style.llama3_scaling) return freq;
   constexpr double kFactor = 8, kLow = 1, kHigh = 4, kOriginal = 8192;
@@ -316,6 +343,105 @@ Tensor transpose(const Tensor& x, const std::vector<size_t>& perm) {
   return record(out, {x}, [inverse](const Tensor& g) { return std::vector<Tensor>{transpose(g, inverse)}; });
 }
 
+namespace {
+
+// Copies `len` positions along `dim` from a block of extent n_src there (from src_off) into a
+// block of extent n_dst (at dst_off); both blocks alike in every other dimension (`box`).
+void copy_along(const Box& box, size_t dim, size_t item, const std::byte* src, int64_t n_src, int64_t src_off,
+                std::byte* dst, int64_t n_dst, int64_t dst_off, int64_t len) {
+  int64_t outer = 1, inner = static_cast<int64_t>(item);
+  for (size_t k = 0; k < dim; ++k) outer *= box.extent(k);
+  for (size_t k = dim + 1; k < box.rank(); ++k) inner *= box.extent(k);
+  if (len <= 0 || inner == 0) return;
+  for (int64_t a = 0; a < outer; ++a)
+    std::memcpy(dst + (a * n_dst + dst_off) * inner, src + (a * n_src + src_off) * inner, static_cast<size_t>(len * inner));
+}
+
+// x with `dim` whole (reduced first when it has to move).
+Tensor whole_along(const Tensor& x, size_t dim) {
+  Dims d = dims_of(x.sharding(), x.rank());
+  if (d[dim].empty()) return x;
+  d[dim] = {};
+  return reshard_raw(reduce_raw(x, nullptr), with_dims(x.mesh(), d));
+}
+
+// `shape` of zeros with g at [start, start + g's extent) along dim: the gradient of slice.
+Tensor pad_along(const Tensor& g_in, const Shape& shape, size_t dim, int64_t start) {
+  const Tensor g = whole_along(g_in, dim);
+  const int64_t n = g.shape()[dim], total = shape[dim];
+  const size_t item = item_size(g.dtype());
+  return output(g, shape, g.dtype(), g.sharding(), g.partial(), [&](int64_t device, const Box& box, std::byte* o) {
+    std::memset(o, 0, static_cast<size_t>(box.volume()) * item);
+    copy_along(box, dim, item, block(g, device), n, 0, o, total, start, n);
+  });
+}
+
+Tensor slice_raw(const Tensor& x_in, size_t dim, int64_t start, int64_t size) {
+  const Tensor x = whole_along(x_in, dim);
+  std::vector<int64_t> dims(x.shape().dims().begin(), x.shape().dims().end());
+  dims[dim] = size;
+  const size_t item = item_size(x.dtype());
+  const int64_t n = x.shape()[dim];
+  return output(x, Shape(dims), x.dtype(), x.sharding(), x.partial(), [&](int64_t device, const Box& box, std::byte* o) {
+    copy_along(box, dim, item, block(x, device), n, start, o, size, 0, size);
+  });
+}
+
+}  // namespace
+
+Tensor slice(const Tensor& x, size_t dim, int64_t start, int64_t size) {
+  if (dim >= x.rank() || start < 0 || size < 0 || start + size > x.shape()[dim])
+    throw ValueError(fmt::format("slice: [{}, {}) along dimension {} is not inside {}", start, start + size, dim,
+                                 x.to_string()));
+  return record(slice_raw(x, dim, start, size), {x}, [shape = x.shape(), dim, start](const Tensor& g) {
+    return std::vector<Tensor>{pad_along(g, shape, dim, start)};
+  });
+}
+
+Tensor concat(const std::vector<Tensor>& parts_in, size_t dim) {
+  if (parts_in.empty()) throw ValueError("concat: no tensors");
+  const Tensor& first = parts_in.front();
+  if (dim >= first.rank()) throw ValueError(fmt::format("concat: no dimension {} in {}", dim, first.to_string()));
+  std::vector<int64_t> dims(first.shape().dims().begin(), first.shape().dims().end());
+  dims[dim] = 0;
+  for (const Tensor& p : parts_in) {
+    std::vector<int64_t> pd(p.shape().dims().begin(), p.shape().dims().end());
+    if (p.rank() != first.rank() || p.dtype() != first.dtype() || !(p.mesh() == first.mesh()) ||
+        !std::equal(pd.begin(), pd.begin() + static_cast<std::ptrdiff_t>(dim), dims.begin()) ||
+        !std::equal(pd.begin() + static_cast<std::ptrdiff_t>(dim) + 1, pd.end(), dims.begin() + static_cast<std::ptrdiff_t>(dim) + 1))
+      throw ValueError("concat: " + p.to_string() + " does not join " + first.to_string() + " along dimension " +
+                       std::to_string(dim));
+    dims[dim] += p.shape()[dim];
+  }
+  // Every part on the first's split, `dim` whole.
+  Dims d = dims_of(first.sharding(), first.rank());
+  d[dim] = {};
+  const NamedSharding sharding = with_dims(first.mesh(), d);
+  std::vector<Tensor> parts;
+  for (const Tensor& p : parts_in) parts.push_back(reshard_raw(reduce_raw(p, nullptr), sharding));
+  const size_t item = item_size(first.dtype());
+  const int64_t total = dims[dim];
+  Tensor out = output(parts.front(), Shape(dims), first.dtype(), sharding, {}, [&](int64_t device, const Box& box, std::byte* o) {
+    int64_t at = 0;
+    for (const Tensor& p : parts) {
+      const int64_t n = p.shape()[dim];
+      copy_along(box, dim, item, block(p, device), n, 0, o, total, at, n);
+      at += n;
+    }
+  });
+  std::vector<int64_t> sizes;
+  for (const Tensor& p : parts) sizes.push_back(p.shape()[dim]);
+  return record(out, parts_in, [sizes, dim](const Tensor& g) {
+    std::vector<Tensor> grads;
+    int64_t at = 0;
+    for (int64_t n : sizes) {
+      grads.push_back(slice_raw(g, dim, at, n));
+      at += n;
+    }
+    return grads;
+  });
+}
+
 Tensor index(const Tensor& x, size_t dim, int64_t i) {
   if (dim >= x.rank() || i < 0 || i >= x.shape()[dim]) {
     throw ValueError("index: no element " + std::to_string(i) + " along dimension " + std::to_string(dim) + " of " +
@@ -479,6 +605,26 @@ Tensor rope_styled(const Tensor& x, size_t seq_dim, const RopeStyle& style) {
 
 Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale) {
   return rope_styled(x, seq_dim, {.max_timescale = max_timescale});
+}
+
+Tensor yarn_rope(const Tensor& x, size_t seq_dim, const YarnRope& yarn) {
+  if (!(yarn.factor > 0) || !(yarn.beta_fast > 0) || !(yarn.beta_slow > 0) || yarn.original_max_position < 1)
+    throw ValueError("yarn_rope: factor, beta_fast, beta_slow and original_max_position must be positive");
+  Tensor y = rope_styled(x, seq_dim, {.max_timescale = yarn.max_timescale, .interleaved = yarn.interleave, .yarn = yarn});
+  if (yarn.interleave) {
+    // Rotated pairs (2k, 2k+1) come out as MaxText's complex numbers do: real parts, then imaginary.
+    const size_t r = y.rank();
+    std::vector<int64_t> pairs(y.shape().dims().begin(), y.shape().dims().end());
+    const int64_t d = pairs.back();
+    pairs.back() = d / 2;
+    pairs.push_back(2);
+    std::vector<size_t> perm(r + 1);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::swap(perm[r - 1], perm[r]);
+    y = reshape(transpose(reshape(y, Shape(pairs)), perm), x.shape());
+  }
+  if (yarn.attention_scaling && yarn.factor > 1) y = scale(y, 0.1 * std::log(yarn.factor) + 1.0);
+  return y;
 }
 
 Tensor llama_rope(const Tensor& x, size_t seq_dim, double max_timescale, bool llama3_scaling) {

@@ -166,10 +166,17 @@ Tensor rms_norm_forward(const MaxTextConfig& c, const Weights& norm, const Tenso
 Tensor rope_forward(const MaxTextConfig& c, const Tensor& x) {
   // MaxText's choice (attentions.py, init_rotary_embedding) for these families.
   const bool llama31 = c.model_name.starts_with("llama3.1") || c.rope_type.starts_with("llama3.1");
-  if (!llama31 && c.rope_type != "default")
-    throw ValueError("rope_type '" + c.rope_type + "': tessel's forward pass has the default and llama3.1 ropes");
-  if (c.rope_min_timescale != 1 || (!llama31 && c.rope_linear_scaling_factor != 1))
+  const bool yarn = !llama31 && c.rope_type.starts_with("yarn");
+  if (!llama31 && !yarn && c.rope_type != "default")
+    throw ValueError("rope_type '" + c.rope_type + "': tessel's forward pass has the default, llama3.1 and yarn ropes");
+  if (c.rope_min_timescale != 1 || (!llama31 && !yarn && c.rope_linear_scaling_factor != 1))
     throw ValueError("rope_min_timescale and rope_linear_scaling_factor other than 1 are not in tessel's forward pass yet");
+  if (yarn)
+    return ops::yarn_rope(x, 1, {.max_timescale = c.rope_max_timescale, .factor = c.rope_factor,
+                                 .beta_fast = c.beta_fast, .beta_slow = c.beta_slow,
+                                 .original_max_position = c.original_max_position_embeddings,
+                                 .interleave = c.rope_interleave, .truncate = c.rope_truncate,
+                                 .attention_scaling = c.rope_attention_scaling});
   return llama31 ? ops::llama_rope(x, 1, c.rope_max_timescale, c.rope_use_scale) : ops::rope(x, 1, c.rope_max_timescale);
 }
 
@@ -193,6 +200,40 @@ Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor&
   if (query_scale != 1.0) q = ops::scale(q, query_scale);
   const Tensor merged = nn::causal_attention(q, k, v);
   return ops::dot(merged, ops::reshape(w("out/kernel"), Shape{h * d, e}));
+}
+
+Tensor mla_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x) {
+  const int64_t b = x.shape()[0], s = x.shape()[1], e = x.shape()[2], h = c.num_query_heads;
+  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, qk = nope + rope, dv = c.v_head_dim;
+  const int64_t kv_rank = c.kv_lora_rank;
+  // The softmax scale goes into the query (attention_mla.py), with YaRN's mscale^2 when the
+  // context is extended.
+  double softmax_scale = 1.0 / std::sqrt(static_cast<double>(qk));
+  if (c.max_position_embeddings > c.original_max_position_embeddings) {
+    const double m = 0.1 * c.mscale * std::log(c.rope_factor) + 1.0;
+    softmax_scale *= m * m;
+  }
+  auto project = [&](const Tensor& in, const std::string& kernel, int64_t heads, int64_t dim) {
+    const Tensor k = w(kernel);
+    return ops::reshape(ops::dot(in, ops::reshape(k, Shape{k.shape()[0], heads * dim})),
+                        Shape{in.shape()[0], in.shape()[1], heads, dim});
+  };
+  Tensor q;
+  if (c.q_lora_rank == 0) {
+    q = project(x, "query/kernel", h, qk);
+  } else {
+    const Tensor low = rms_norm_forward(c, sub(w, "q_norm"), ops::dot(x, w("wq_a/kernel")));
+    q = project(low, "wq_b/kernel", h, qk);
+  }
+  const Tensor q_rope = rope_forward(c, ops::slice(q, 3, nope, rope));
+  const Tensor query = ops::scale(ops::concat({ops::slice(q, 3, 0, nope), q_rope}, 3), softmax_scale);
+  const Tensor low_kv = ops::dot(x, w("wkv_a/kernel"));  // [b, s, kv_lora_rank + rope]
+  const Tensor main = rms_norm_forward(c, sub(w, "kv_norm"), ops::slice(low_kv, 2, 0, kv_rank));
+  const Tensor key_rope = rope_forward(c, ops::reshape(ops::slice(low_kv, 2, kv_rank, rope), Shape{b, s, 1, rope}));
+  const Tensor kv = project(main, "wkv_b/kernel", h, nope + dv);
+  const Tensor key = ops::concat({ops::slice(kv, 3, 0, nope), ops::broadcast_like(key_rope, q_rope)}, 3);
+  const Tensor merged = nn::causal_attention(query, key, ops::slice(kv, 3, nope, dv));
+  return ops::dot(merged, ops::reshape(w("out/kernel"), Shape{h * dv, e}));
 }
 
 Tensor mlp_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x) {

@@ -85,6 +85,11 @@ Tensor rope_forward(const MaxTextConfig& c, const Tensor& x);
 // `query_scale` multiplies the rotated queries (qwen3's head_dim^-0.5; llama2 folds it into init).
 // Attention sinks and biases are refused (ValueError) until their forward pass exists.
 Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale);
+// Multi-head latent attention (attention_mla.py): low-rank queries (wq_a, q_norm, wq_b; or query)
+// and keys/values (wkv_a split into the latent, normed by kv_norm and expanded by wkv_b, and one
+// rotary key shared by all heads), rope on the qk_rope_head_dim part only, the softmax scale (with
+// YaRN's mscale^2 for an extended context) in the query, causal attention, out.
+Tensor mla_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x);
 // MlpBlock: the product of activation_i(x @ wi_i), @ wo. Activations: silu, gelu, relu, linear.
 Tensor mlp_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x);
 
@@ -100,5 +105,8 @@ Tensor llama2_layer_forward(const MaxTextConfig& c, const Weights& w, const Tens
 Tensor qwen3_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x);
 Tensor mixtral_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, std::vector<Tensor>& aux);
 Tensor qwen3_moe_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, std::vector<Tensor>& aux);
+// deepseek: MLA, then the MLP (dense layers) or routed + shared experts (MoE layers).
+Tensor deepseek_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool moe,
+                              std::vector<Tensor>& aux);
 
 }  // namespace tessel::maxtext

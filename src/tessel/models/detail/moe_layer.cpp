@@ -51,8 +51,8 @@ int64_t capacity_of(const MaxTextConfig& c, int64_t seq) {
   return static_cast<int64_t>(std::max(per_expert * c.capacity_factor, c.capacity_factor));
 }
 
-// The experts' gated MLP on their buffers [experts, rows, emb].
-Tensor experts_forward(const MaxTextConfig& c, const Weights& w, const Tensor& rows) {
+// The experts' gated MLP on their buffers [experts, rows, emb]; wi_0 is w("wi_0"), taken once.
+Tensor experts_forward(const MaxTextConfig& c, const Weights& w, const Tensor& wi_0, const Tensor& rows) {
   if (c.mlp_activations.size() != 2 || c.mlp_activations[1] != "linear")
     throw ValueError("mlp_activations: routed experts take [activation, \"linear\"]");
   if (c.mlp_activations_limit > 0)
@@ -62,7 +62,7 @@ Tensor experts_forward(const MaxTextConfig& c, const Weights& w, const Tensor& r
     const Tensor bias = w(name + "_bias");
     return ops::add(y, ops::reshape(bias, Shape{bias.shape()[0], 1, bias.shape()[1]}));
   };
-  Tensor gate = biased(ops::matmul(rows, w("wi_0")), "wi_0");
+  Tensor gate = biased(ops::matmul(rows, wi_0), "wi_0");
   const Tensor up = biased(ops::matmul(rows, w("wi_1")), "wi_1");
   const std::string& act = c.mlp_activations[0];
   if (act == "silu") gate = ops::silu(gate);
@@ -94,7 +94,7 @@ Tensor routed_moe_forward(const MaxTextConfig& c, const Weights& w, const Tensor
   Tensor buffer = ops::to_experts(ops::moe_dispatch(x, routing), wi_0);
   const int64_t cap = routing.capacity;
   const Tensor rows = ops::reshape(buffer, Shape{n, b * cap, e});
-  const Tensor out = ops::reshape(experts_forward(c, w, rows), Shape{n, b, cap, e});
+  const Tensor out = ops::reshape(experts_forward(c, w, wi_0, rows), Shape{n, b, cap, e});
   return ops::moe_combine(ops::from_experts(out, routing), top.values, routing);
 }
 
