@@ -8,8 +8,8 @@ restore:     a checkpoint saved by 2 processes resumes with 1 process and with 4
 kill:        a process killed (SIGKILL) while the job saves makes the others exit with an error
              soon, and every step left behind is complete and resumes.
 mismatch:    processes started with different configurations all report it, and exit with 1.
-moe:         a tiny MaxText mixtral and a tiny deepseek3 (MLA, routed and shared experts, the expert
-             all_to_all across the processes) on data=2,expert=4 give bit for bit the losses of 1
+moe:         tiny MaxText mixtral, deepseek3 (MLA, routed and shared experts) and gpt-oss (sinks,
+             sliding windows, expert biases) models, the expert all_to_all across the processes, on data=2,expert=4 give bit for bit the losses of 1
              process at 2 and 4 processes.
 """
 import json
@@ -216,6 +216,8 @@ def moe(work):
         "deepseek3": ("deepseek3-tiny.yml", ["base_moe_mlp_dim=16", "first_num_dense_layers=1", "q_lora_rank=16",
                                              "kv_lora_rank=8", "qk_nope_head_dim=8", "qk_rope_head_dim=4",
                                              "v_head_dim=8"]),
+        "gpt-oss": ("gpt-oss-20b.yml", ["head_dim=8", "base_mlp_dim=32", "base_moe_mlp_dim=32",
+                                        "sliding_window_size=8", "base_num_kv_heads=2"]),
     }
     for name, (model, sets) in models.items():
         cmd = [TESSEL, "train", "--model", f"{maxtext}/models/{model}", "--base", f"{maxtext}/base.yml",

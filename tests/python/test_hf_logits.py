@@ -271,13 +271,15 @@ def test_moe_families_give_transformers_logits_with_expert_parallelism(rng, tmp)
 def test_deepseek3_gives_transformers_logits_with_expert_parallelism(rng, tmp):
     """DeepSeek-V3 from transformers (random, tiny: MLA with low-rank queries, YaRN rope with
     interleaved pairs, dense then MoE layers with sigmoid routing, a random e_score_correction_bias
-    choosing the experts, a shared expert) through examples/maps/deepseek3_maxtext.yml into MaxText's
+    choosing the experts, group-limited routing, a shared expert) through examples/maps/deepseek3_maxtext.yml into MaxText's
     deepseek3-tiny file sized by --set: the same logits (f32, 1e-4 relative) on 1 device and on 8 with
     expert and tensor parallelism, and back to HF's tensors."""
     first_dense = rng.randint(1, 2)
     layers = first_dense + rng.randint(1, 2)
     nope, rope, v = rng.choice([8, 16]), rng.choice([4, 8]), rng.choice([8, 16])
     experts = rng.choice([4, 8])
+    groups = 2  # group-limited routing: the best topk_group of n_group groups
+    topk_groups = rng.randint(1, groups)
     yarn = {"rope_type": "yarn", "rope_theta": rng.choice([10000.0, 50000.0]), "factor": 40.0,
             "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
             "mscale_all_dim": 1.0}
@@ -285,8 +287,8 @@ def test_deepseek3_gives_transformers_logits_with_expert_parallelism(rng, tmp):
         vocab_size=rng.choice([64, 96]), hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts,
         num_experts_per_tok=rng.choice([1, 2, 3]), n_shared_experts=1, first_k_dense_replace=first_dense,
-        q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, n_group=1,
-        topk_group=1, routed_scaling_factor=2.5, rms_norm_eps=1e-6, max_position_embeddings=163840,
+        q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, n_group=groups,
+        topk_group=topk_groups, routed_scaling_factor=2.5, rms_norm_eps=1e-6, max_position_embeddings=163840,
         rope_parameters=yarn, rope_interleave=True, tie_word_embeddings=False)
     torch.manual_seed(rng.randrange(2**31))
     model = transformers.DeepseekV3ForCausalLM(config).eval()
@@ -308,22 +310,96 @@ def test_deepseek3_gives_transformers_logits_with_expert_parallelism(rng, tmp):
                 base_num_decoder_layers=layers, first_num_dense_layers=first_dense, vocab_size=config.vocab_size,
                 q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
                 num_experts=experts, num_experts_per_tok=config.num_experts_per_tok, shared_experts=1,
+                n_routing_groups=groups, topk_routing_group=topk_groups,
                 routed_scaling_factor=2.5, normalization_layer_epsilon=1e-6, rope_max_timescale=yarn["rope_theta"],
                 rope_factor=40, max_position_embeddings=163840, original_max_position_embeddings=4096,
                 weight_dtype="float32", dtype="float32", ici_fsdp_parallelism=-1)
-    for devices, tensor, expert in [(1, 1, 1), (8, 2, 4), (8, 1, 8)]:
-        m = tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", "deepseek3-tiny.yml"),
-                                      os.path.join(MAXTEXT, "base.yml"),
-                                      set=dict(sets, ici_tensor_parallelism=tensor, ici_expert_parallelism=expert))
-        mesh = m.maxtext_mesh(devices)
-        got = tessel.forward(m, tessel.checkpoint.restore(item, mesh=mesh), tokens, mesh)
-        err = relative_error(got, want)
-        print(f"deepseek3 on {devices} device(s), tensor={tensor}, expert={expert}: logits within {err:.2e} "
-              "of transformers'")
-        assert err <= 1e-4, (devices, err)
+    expect_logits("deepseek3-tiny.yml", sets, lambda mesh: tessel.checkpoint.restore(item, mesh=mesh), tokens, want,
+                  [(1, 1, 1), (8, 2, 4), (8, 1, 8)])
     back = os.path.join(tmp, "back")
     run("ckpt", "convert", item, back, "--map", mapfile, *map_vars, "--to", "safetensors")
     saved, again = tensors_of(hf), tensors_of(back)
     assert sorted(saved) == sorted(again)
     for name, value in saved.items():
         np.testing.assert_allclose(again[name], value, rtol=0, atol=0, err_msg=name)
+
+
+def expect_logits(model_file, sets, weights_on, tokens, want, meshes):
+    """MaxText's model file sized by `sets` gives `want` (1e-4 relative) on each (devices, tensor,
+    expert) mesh, with the weights `weights_on(mesh)` gives."""
+    for devices, tensor, expert in meshes:
+        m = tessel.load_maxtext_model(os.path.join(MAXTEXT, "models", model_file), os.path.join(MAXTEXT, "base.yml"),
+                                      set=dict(sets, ici_tensor_parallelism=tensor, ici_expert_parallelism=expert))
+        mesh = m.maxtext_mesh(devices)
+        err = relative_error(tessel.forward(m, weights_on(mesh), tokens, mesh), want)
+        print(f"{model_file} on {devices} device(s), tensor={tensor}, expert={expert}: logits within {err:.2e} "
+              "of transformers'")
+        assert err <= 1e-4, (model_file, devices, err)
+
+
+def hf_gpt_oss_to_maxtext(sd, config):
+    """MaxText's unscanned gpt-oss tree (layers_0, layers_1, ...) of a HF GPT-OSS state dict, as
+    MaxText's gpt-oss conversion lays it out: kernels [in, out], heads split, and HF's fused
+    gate_up_proj (gate and up interleaved by column) split into wi_0 and wi_1."""
+    d, e = config.head_dim, config.hidden_size
+    out = {"token_embedder/embedding": sd["model.embed_tokens.weight"],
+           "decoder/decoder_norm/scale": sd["model.norm.weight"],
+           "decoder/logits_dense/kernel": sd["lm_head.weight"].T}
+    for i in range(config.num_hidden_layers):
+        hf, mt = f"model.layers.{i}.", f"decoder/layers_{i}/"
+        out[mt + "pre_self_attention_layer_norm/scale"] = sd[hf + "input_layernorm.weight"]
+        out[mt + "post_self_attention_layer_norm/scale"] = sd[hf + "post_attention_layernorm.weight"]
+        a = mt + "GptOssAttention/"
+        for ours, theirs in [("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")]:
+            out[a + ours + "/kernel"] = sd[hf + f"self_attn.{theirs}.weight"].T.reshape(e, -1, d)
+            out[a + ours + "/bias"] = sd[hf + f"self_attn.{theirs}.bias"].reshape(-1, d)
+        out[a + "out/kernel"] = sd[hf + "self_attn.o_proj.weight"].T.reshape(-1, d, e)
+        out[a + "out/bias"] = sd[hf + "self_attn.o_proj.bias"]
+        out[a + "sinks"] = sd[hf + "self_attn.sinks"]
+        m = mt + "GptOssMlp/"
+        out[m + "gate/kernel"] = sd[hf + "mlp.router.weight"].T
+        out[m + "gate/bias"] = sd[hf + "mlp.router.bias"]
+        gate_up, gate_up_bias = sd[hf + "mlp.experts.gate_up_proj"], sd[hf + "mlp.experts.gate_up_proj_bias"]
+        out[m + "wi_0"], out[m + "wi_1"] = gate_up[..., ::2], gate_up[..., 1::2]
+        out[m + "wi_0_bias"], out[m + "wi_1_bias"] = gate_up_bias[..., ::2], gate_up_bias[..., 1::2]
+        out[m + "wo"] = sd[hf + "mlp.experts.down_proj"]
+        out[m + "wo_bias"] = sd[hf + "mlp.experts.down_proj_bias"]
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def test_gpt_oss_gives_transformers_logits_with_expert_parallelism(rng, tmp):
+    """GPT-OSS from transformers (random, tiny; biases and sinks set random so they matter): attention
+    with biases and sinks, sliding and full layers alternating, YaRN rope (halves, untruncated, with
+    its attention scaling), routed experts with biases and the clipped GLU. Through MaxText's
+    gpt-oss-20b file sized by --set (unscanned), the same logits (f32, 1e-4 relative) on 1 device and
+    on 8 with expert and tensor parallelism. The weights are laid out here as MaxText's gpt-oss
+    conversion does (HF fuses gate and up by interleaved columns, which no key-map step splits yet)."""
+    from safetensors.numpy import load_file
+    layers, experts, window = 2 * rng.randint(1, 2), rng.choice([4, 8]), rng.randint(2, 6)
+    config = transformers.GptOssConfig(
+        vocab_size=rng.choice([64, 96]), hidden_size=32, intermediate_size=16, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=experts,
+        num_experts_per_tok=rng.choice([1, 2, 3]), sliding_window=window, swiglu_limit=rng.choice([0.5, 7.0]))
+    torch.manual_seed(rng.randrange(2**31))
+    model = transformers.GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "sinks")):
+                p.copy_(torch.randn(p.shape) * 0.5)
+    print(config.to_dict())
+    model.save_pretrained(tmp)
+    weights = hf_gpt_oss_to_maxtext(load_file(os.path.join(tmp, "model.safetensors")), config)
+    tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (8, rng.randint(6, 14)),
+                                                                   dtype=np.int32)
+    with torch.no_grad():
+        want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    yarn = config.rope_parameters
+    sets = dict(base_emb_dim=32, base_num_query_heads=4, base_num_kv_heads=2, head_dim=8, base_mlp_dim=16,
+                base_moe_mlp_dim=16, base_num_decoder_layers=layers, vocab_size=config.vocab_size, num_experts=experts,
+                num_experts_per_tok=config.num_experts_per_tok, sliding_window_size=window,
+                mlp_activations_limit=config.swiglu_limit, normalization_layer_epsilon=config.rms_norm_eps,
+                rope_max_timescale=yarn["rope_theta"], rope_factor=yarn["factor"],
+                original_max_position_embeddings=yarn["original_max_position_embeddings"],
+                max_position_embeddings=config.max_position_embeddings, scan_layers=False,
+                weight_dtype="float32", dtype="float32", ici_fsdp_parallelism=-1)
+    expect_logits("gpt-oss-20b.yml", sets, lambda mesh: weights, tokens, want, [(1, 1, 1), (8, 2, 2), (8, 1, 4)])

@@ -20,7 +20,7 @@ void check_forward(const ModelConfig& model, const Mesh& mesh) {
   const auto* m = std::get_if<MaxTextConfig>(&model.config);
   if (!m) return;
   if (!maxtext_has_forward(*m))
-    throw ValueError(fmt::format("{}: decoder_block '{}' has no forward pass in tessel yet (llama2, qwen3, mixtral, qwen3_moe and deepseek have one)",
+    throw ValueError(fmt::format("{}: decoder_block '{}' has no forward pass in tessel yet (llama2, qwen3, mixtral, qwen3_moe, deepseek and gpt_oss have one)",
                                  model.source, m->decoder_block));
   m->check_mesh(mesh);
 }

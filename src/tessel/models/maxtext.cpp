@@ -91,7 +91,7 @@ Module maxtext_model(const MaxTextConfig& c) {
 
 bool maxtext_has_forward(const MaxTextConfig& c) {
   return c.decoder_block == "llama2" || c.decoder_block == "qwen3" || c.decoder_block == "mixtral" ||
-         c.decoder_block == "qwen3_moe" || c.decoder_block == "deepseek";
+         c.decoder_block == "qwen3_moe" || c.decoder_block == "deepseek" || c.decoder_block == "gpt_oss";
 }
 
 Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
@@ -101,7 +101,7 @@ Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor&
 MaxTextOutputs maxtext_forward(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
   if (!maxtext_has_forward(c))
     throw ValueError(fmt::format("decoder_block '{}': tessel builds its parameters but has no forward pass for it yet "
-                                 "(llama2, qwen3, mixtral, qwen3_moe and deepseek have one)", c.decoder_block));
+                                 "(llama2, qwen3, mixtral, qwen3_moe, deepseek and gpt_oss have one)", c.decoder_block));
   if (tokens.rank() != 2) throw ValueError("maxtext: tokens must be [batch, seq], got " + tokens.to_string());
   const Tensor& embedding = nn::param(p, "token_embedder/embedding");
   Tensor x = ops::take(embedding, tokens);
@@ -110,14 +110,18 @@ MaxTextOutputs maxtext_forward(const MaxTextConfig& c, const nn::Params& p, cons
     for (int64_t i = 0; i < stack.count; ++i) {
       const Weights w = [&c, &p, &stack, i](const std::string& path) {
         if (!c.scan_layers) return nn::param(p, "decoder/" + stack.name + "_" + std::to_string(i) + "/" + path);
-        const Tensor& stacked = nn::param(p, "decoder/" + stack.name + "/" + path);
+        // gpt-oss scans blocks of inhomogeneous_layer_cycle_interval layers (layers_0, layers_1, ...).
+        const int64_t cycle = c.decoder_block == "gpt_oss" ? c.inhomogeneous_layer_cycle_interval : 1;
+        const std::string inner = cycle > 1 ? "layers_" + std::to_string(i % cycle) + "/" : "";
+        const Tensor& stacked = nn::param(p, "decoder/" + stack.name + "/" + inner + path);
         const size_t dim = std::min(static_cast<size_t>(c.param_scan_axis), stacked.rank() - 1);
-        return ops::index(stacked, dim, i);
+        return ops::index(stacked, dim, i / cycle);
       };
       if (c.decoder_block == "qwen3") x = maxtext::qwen3_layer_forward(c, w, x);
       else if (c.decoder_block == "mixtral") x = maxtext::mixtral_layer_forward(c, w, x, aux);
       else if (c.decoder_block == "qwen3_moe") x = maxtext::qwen3_moe_layer_forward(c, w, x, aux);
       else if (c.decoder_block == "deepseek") x = maxtext::deepseek_layer_forward(c, w, x, stack.moe, aux);
+      else if (c.decoder_block == "gpt_oss") x = maxtext::gpt_oss_layer_forward(c, w, x, i, aux);
       else x = maxtext::llama2_layer_forward(c, w, x);
     }
   }

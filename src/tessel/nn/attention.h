@@ -9,8 +9,16 @@
 
 namespace tessel::nn {
 
+struct AttentionOptions {
+  // Learned per-head logits [h] joining each softmax as one more column that attends to nothing
+  // (gpt-oss's sinks, MaxText's attention_sink); undefined: none.
+  Tensor sinks;
+  // > 0: each query sees only the last `window` positions (itself included): sliding attention.
+  int64_t window = 0;
+};
+
 // softmax(mask(q k^T)) v per head; query head i uses key/value head i / (h / kv). The queries
 // arrive already scaled. Throws ValueError when kv does not divide h or the shapes disagree.
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
 }  // namespace tessel::nn

@@ -614,6 +614,15 @@ Tensor sigmoid(const Tensor& x) {
   });
 }
 
+Tensor clip(const Tensor& x, double lo, double hi) {
+  if (!(lo <= hi)) throw ValueError("clip: needs lo <= hi, got " + std::to_string(lo) + " and " + std::to_string(hi));
+  // x - relu(x - hi) + relu(lo - x): exact, and its gradient is 1 strictly inside the range.
+  Tensor out = x;
+  if (std::isfinite(hi)) out = sub(out, relu(add_scalar(x, -hi)));
+  if (std::isfinite(lo)) out = add(out, relu(add_scalar(neg(x), lo)));
+  return out;
+}
+
 Tensor rsqrt(const Tensor& x) {
   Tensor out = unary_raw(Unary::kRsqrt, x, 0, "rsqrt");
   return record(out, {x}, [y = detach(out)](const Tensor& g) {

@@ -60,6 +60,8 @@ Tensor tanh(const Tensor& x);
 Tensor gelu(const Tensor& x);  // the tanh approximation (Flax's nn.gelu default)
 Tensor silu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
+// min(max(x, lo), hi) (jnp.clip): the gradient passes where lo < x < hi.
+Tensor clip(const Tensor& x, double lo, double hi);
 Tensor rsqrt(const Tensor& x);
 // The same value with no gradient flowing back through it.
 Tensor stop_gradient(const Tensor& x);
@@ -112,8 +114,9 @@ Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i);
 Tensor take(const Tensor& table, const Tensor& ids);
 // 1 at [..., labels[...]], 0 elsewhere, with like's shape, dtype and sharding (no gradient).
 Tensor one_hot(const Tensor& labels, const Tensor& like);
-// Scores [..., query, key]: entries with key > query become a large negative value.
-Tensor causal_mask(const Tensor& x);
+// Scores [..., query, key]: entries with key > query become a large negative value; with a
+// `window` > 0 also those with query - key >= window (MaxText's LOCAL_SLIDING attention).
+Tensor causal_mask(const Tensor& x, int64_t window = 0);
 // Rotary position embedding (MaxText's default: halves of head_dim paired, timescales
 // max_timescale^(2k/head_dim)) on [..., seq, heads..., head_dim] with the sequence at `seq_dim`.
 Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale = 10000.0);

@@ -176,7 +176,7 @@ Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, const RopeStyle& s
 }
 
 // x with entries above the diagonal of the last two dimensions (key > query) set to `fill`.
-Tensor mask_raw(const Tensor& x_in, double fill) {
+Tensor mask_raw(const Tensor& x_in, double fill, int64_t window) {
   const Tensor x = reduce_raw(x_in, nullptr);
   const size_t r = x.rank();
   return output(x, x.shape(), x.dtype(), x.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
@@ -191,7 +191,10 @@ Tensor mask_raw(const Tensor& x_in, double fill) {
       for (int64_t p = 0; p < planes; ++p) {
         for (int64_t q = 0; q < nq; ++q) {
           const int64_t off = (p * nq + q) * nk;
-          for (int64_t k = 0; k < nk; ++k) out[off + k] = k0 + k > q0 + q ? f : in[off + k];
+          for (int64_t k = 0; k < nk; ++k) {
+            const int64_t ahead = (k0 + k) - (q0 + q);  // key position - query position
+            out[off + k] = ahead > 0 || (window > 0 && -ahead >= window) ? f : in[off + k];
+          }
         }
       }
     });
@@ -577,13 +580,15 @@ Tensor one_hot(const Tensor& labels_in, const Tensor& like_in) {
   });
 }
 
-Tensor causal_mask(const Tensor& x) {
+Tensor causal_mask(const Tensor& x, int64_t window) {
   check_float(x, "causal_mask");
   if (x.rank() < 2) throw ValueError("causal_mask needs [..., query, key], got " + x.to_string());
+  if (window < 0) throw ValueError("causal_mask: the window must not be negative, got " + std::to_string(window));
   // MaxText's mask value: far below any score, yet finite so a fully masked row stays a number.
   const double fill = -0.7 * (x.dtype() == DType::kF32 ? std::numeric_limits<float>::max()
                                                         : std::numeric_limits<double>::max());
-  return record(mask_raw(x, fill), {x}, [](const Tensor& g) { return std::vector<Tensor>{mask_raw(g, 0.0)}; });
+  return record(mask_raw(x, fill, window), {x},
+                [window](const Tensor& g) { return std::vector<Tensor>{mask_raw(g, 0.0, window)}; });
 }
 
 namespace {

@@ -160,7 +160,9 @@ Weights sub(const Weights& w, const std::string& name) {
 }
 
 Tensor rms_norm_forward(const MaxTextConfig& c, const Weights& norm, const Tensor& x) {
-  return ops::rms_norm(x, norm("scale"), c.normalization_layer_epsilon);
+  Tensor scale = norm("scale");
+  if (scale.dtype() != x.dtype()) scale = ops::cast(scale, x.dtype());  // gpt-oss's float32 norms
+  return ops::rms_norm(x, scale, c.normalization_layer_epsilon);
 }
 
 Tensor rope_forward(const MaxTextConfig& c, const Tensor& x) {
@@ -180,13 +182,14 @@ Tensor rope_forward(const MaxTextConfig& c, const Tensor& x) {
   return llama31 ? ops::llama_rope(x, 1, c.rope_max_timescale, c.rope_use_scale) : ops::rope(x, 1, c.rope_max_timescale);
 }
 
-Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale) {
+Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale,
+                         int64_t window) {
   const int64_t b = x.shape()[0], s = x.shape()[1], e = x.shape()[2];
   const int64_t h = c.num_query_heads, kv = c.num_kv_heads, d = c.head_dim;
-  if (c.attention_sink)
-    throw ValueError("attention_sink: tessel's forward pass has no attention sinks yet (the parameters exist)");
   auto project = [&](const std::string& name, int64_t n) {
-    return ops::reshape(ops::dot(x, ops::reshape(w(name + "/kernel"), Shape{e, n * d})), Shape{b, s, n, d});
+    Tensor y = ops::dot(x, ops::reshape(w(name + "/kernel"), Shape{e, n * d}));
+    if (c.attention_bias) y = ops::add(y, ops::reshape(w(name + "/bias"), Shape{n * d}));
+    return ops::reshape(y, Shape{b, s, n, d});
   };
   Tensor q = project("query", h);
   Tensor k = project("key", kv);
@@ -198,8 +201,12 @@ Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor&
   q = rope_forward(c, q);
   k = rope_forward(c, k);
   if (query_scale != 1.0) q = ops::scale(q, query_scale);
-  const Tensor merged = nn::causal_attention(q, k, v);
-  return ops::dot(merged, ops::reshape(w("out/kernel"), Shape{h * d, e}));
+  nn::AttentionOptions options{.window = window};
+  if (c.attention_sink) options.sinks = w("sinks");
+  const Tensor merged = nn::causal_attention(q, k, v, options);
+  Tensor out = ops::dot(merged, ops::reshape(w("out/kernel"), Shape{h * d, e}));
+  if (c.attention_bias) out = ops::add(out, w("out/bias"));
+  return out;
 }
 
 Tensor mla_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x) {

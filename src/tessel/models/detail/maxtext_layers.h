@@ -83,8 +83,10 @@ Tensor rope_forward(const MaxTextConfig& c, const Tensor& x);
 // x: [batch, seq, emb]. Causal self-attention with rotary positions (rope_max_timescale),
 // grouped-query when num_kv_heads < num_query_heads; `qk_norm` applies query_norm/key_norm,
 // `query_scale` multiplies the rotated queries (qwen3's head_dim^-0.5; llama2 folds it into init).
-// Attention sinks and biases are refused (ValueError) until their forward pass exists.
-Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale);
+// With attention_bias the projections add their biases; with attention_sink the softmax has
+// each head's sink; `window` > 0 makes it sliding (gpt-oss's LOCAL_SLIDING layers).
+Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale,
+                         int64_t window = 0);
 // Multi-head latent attention (attention_mla.py): low-rank queries (wq_a, q_norm, wq_b; or query)
 // and keys/values (wkv_a split into the latent, normed by kv_norm and expanded by wkv_b, and one
 // rotary key shared by all heads), rope on the qk_rope_head_dim part only, the softmax scale (with
@@ -105,6 +107,10 @@ Tensor llama2_layer_forward(const MaxTextConfig& c, const Weights& w, const Tens
 Tensor qwen3_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x);
 Tensor mixtral_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, std::vector<Tensor>& aux);
 Tensor qwen3_moe_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, std::vector<Tensor>& aux);
+// gpt-oss: attention with biases and sinks, sliding on even layers (`layer` counts in the
+// model), then routed experts with biases and the clipped GLU.
+Tensor gpt_oss_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t layer,
+                             std::vector<Tensor>& aux);
 // deepseek: MLA, then the MLP (dense layers) or routed + shared experts (MoE layers).
 Tensor deepseek_layer_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool moe,
                               std::vector<Tensor>& aux);
