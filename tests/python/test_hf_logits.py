@@ -268,60 +268,77 @@ def test_moe_families_give_transformers_logits_with_expert_parallelism(rng, tmp)
         assert_back_to_hf(item, hf, mapfile, config.head_dim, os.path.join(tmp, family + "_back"))
 
 
-def test_deepseek3_gives_transformers_logits_with_expert_parallelism(rng, tmp):
-    """DeepSeek-V3 from transformers (random, tiny: MLA with low-rank queries, YaRN rope with
-    interleaved pairs, dense then MoE layers with sigmoid routing, a random e_score_correction_bias
-    choosing the experts, group-limited routing, a shared expert) through examples/maps/deepseek3_maxtext.yml into MaxText's
-    deepseek3-tiny file sized by --set: the same logits (f32, 1e-4 relative) on 1 device and on 8 with
-    expert and tensor parallelism, and back to HF's tensors."""
-    first_dense = rng.randint(1, 2)
-    layers = first_dense + rng.randint(1, 2)
-    nope, rope, v = rng.choice([8, 16]), rng.choice([4, 8]), rng.choice([8, 16])
-    experts = rng.choice([4, 8])
-    groups = 2  # group-limited routing: the best topk_group of n_group groups
-    topk_groups = rng.randint(1, groups)
-    yarn = {"rope_type": "yarn", "rope_theta": rng.choice([10000.0, 50000.0]), "factor": 40.0,
-            "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
-            "mscale_all_dim": 1.0}
-    config = transformers.DeepseekV3Config(
-        vocab_size=rng.choice([64, 96]), hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts,
-        num_experts_per_tok=rng.choice([1, 2, 3]), n_shared_experts=1, first_k_dense_replace=first_dense,
-        q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, n_group=groups,
-        topk_group=topk_groups, routed_scaling_factor=2.5, rms_norm_eps=1e-6, max_position_embeddings=163840,
-        rope_parameters=yarn, rope_interleave=True, tie_word_embeddings=False)
-    torch.manual_seed(rng.randrange(2**31))
-    model = transformers.DeepseekV3ForCausalLM(config).eval()
-    with torch.no_grad():  # a bias that changes which experts are chosen
-        for layer in model.model.layers[first_dense:]:
-            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(experts) * 0.5)
-    print(config.to_dict())
-    hf = os.path.join(tmp, "hf")
-    model.save_pretrained(hf)
-    mapfile = os.path.join(ROOT, "examples", "maps", "deepseek3_maxtext.yml")
-    map_vars = ["--map-var", f"first_dense={first_dense},qk_head_dim={nope + rope},kv_head_dim={nope + v},v_head_dim={v}"]
-    item = os.path.join(tmp, "item")
-    run("ckpt", "convert", hf, item, "--map", mapfile, *map_vars)
-    tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (8, rng.randint(3, 12)),
-                                                                   dtype=np.int32)
-    with torch.no_grad():
-        want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+def tiny_deepseek(r, version):
+    """A random tiny DeepSeek-V2 or V3 from transformers, with MaxText's --set for the same sizes."""
+    first_dense = r.randint(1, 2)
+    layers = first_dense + r.randint(1, 2)
+    nope, rope, v = r.choice([8, 16]), r.choice([4, 8]), r.choice([8, 16])
+    experts, mscale = r.choice([4, 8]), r.choice([0.707, 1.0])
+    yarn = {"rope_type": "yarn", "rope_theta": r.choice([10000.0, 50000.0]), "factor": 40.0,
+            "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale,
+            "mscale_all_dim": mscale}
+    sizes = dict(vocab_size=r.choice([64, 96]), hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                 num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts,
+                 num_experts_per_tok=r.choice([1, 2, 3]), n_shared_experts=1, first_k_dense_replace=first_dense,
+                 q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
+                 routed_scaling_factor=r.choice([1.0, 2.5]), rms_norm_eps=1e-6, max_position_embeddings=163840,
+                 rope_parameters=yarn, tie_word_embeddings=False)
     sets = dict(base_emb_dim=32, base_num_query_heads=4, base_num_kv_heads=4, base_mlp_dim=48, base_moe_mlp_dim=16,
-                base_num_decoder_layers=layers, first_num_dense_layers=first_dense, vocab_size=config.vocab_size,
+                base_num_decoder_layers=layers, first_num_dense_layers=first_dense, vocab_size=sizes["vocab_size"],
                 q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
-                num_experts=experts, num_experts_per_tok=config.num_experts_per_tok, shared_experts=1,
-                n_routing_groups=groups, topk_routing_group=topk_groups,
-                routed_scaling_factor=2.5, normalization_layer_epsilon=1e-6, rope_max_timescale=yarn["rope_theta"],
-                rope_factor=40, max_position_embeddings=163840, original_max_position_embeddings=4096,
-                weight_dtype="float32", dtype="float32", ici_fsdp_parallelism=-1)
-    expect_logits("deepseek3-tiny.yml", sets, lambda mesh: tessel.checkpoint.restore(item, mesh=mesh), tokens, want,
-                  [(1, 1, 1), (8, 2, 4), (8, 1, 8)])
-    back = os.path.join(tmp, "back")
-    run("ckpt", "convert", item, back, "--map", mapfile, *map_vars, "--to", "safetensors")
-    saved, again = tensors_of(hf), tensors_of(back)
-    assert sorted(saved) == sorted(again)
-    for name, value in saved.items():
-        np.testing.assert_allclose(again[name], value, rtol=0, atol=0, err_msg=name)
+                num_experts=experts, num_experts_per_tok=sizes["num_experts_per_tok"], shared_experts=1,
+                routed_scaling_factor=sizes["routed_scaling_factor"], normalization_layer_epsilon=1e-6,
+                rope_max_timescale=yarn["rope_theta"], rope_factor=40, mscale=mscale, max_position_embeddings=163840,
+                original_max_position_embeddings=4096, weight_dtype="float32", dtype="float32", ici_fsdp_parallelism=-1)
+    if version == "v3":
+        # Group-limited routing: the best topk_group of 2 groups (MaxText's n_routing_groups).
+        groups, topk_groups = 2, r.randint(1, 2)
+        config = transformers.DeepseekV3Config(n_group=groups, topk_group=topk_groups, rope_interleave=True, **sizes)
+        sets.update(n_routing_groups=groups, topk_routing_group=topk_groups)
+        model_class, model_file = transformers.DeepseekV3ForCausalLM, "deepseek3-tiny.yml"
+    else:
+        # V2: softmax scores, the greedy top-k weighted by them (deepseek2-16b.yml's routing).
+        config = transformers.DeepseekV2Config(topk_method="greedy", **sizes)
+        model_class, model_file = transformers.DeepseekV2ForCausalLM, "deepseek2-16b.yml"
+    torch.manual_seed(r.randrange(2**31))
+    model = model_class(config).eval()
+    if version == "v3":
+        with torch.no_grad():  # a bias that changes which experts are chosen
+            for layer in model.model.layers[first_dense:]:
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(experts) * 0.5)
+    return config, model, model_file, sets
+
+
+def test_deepseek_gives_transformers_logits_with_expert_parallelism(rng, tmp):
+    """DeepSeek-V2 and V3 from transformers (random, tiny: MLA with low-rank queries, YaRN rope with
+    neighbouring pairs and mscale, dense then MoE layers, a shared expert; V2 with softmax routing,
+    V3 with sigmoid routing, a random e_score_correction_bias choosing the experts and group-limited
+    routing) through examples/maps/deepseek_maxtext.yml into MaxText's deepseek2-16b / deepseek3-tiny
+    files sized by --set: the same logits (f32, 1e-4 relative) on 1 device and on 8 with expert and
+    tensor parallelism, and back to HF's tensors bit for bit."""
+    for version in ("v2", "v3"):
+        config, model, model_file, sets = tiny_deepseek(rng, version)
+        print(version, config.to_dict())
+        hf = os.path.join(tmp, version)
+        model.save_pretrained(hf)
+        mapfile = os.path.join(ROOT, "examples", "maps", "deepseek_maxtext.yml")
+        nope, v = config.qk_nope_head_dim, config.v_head_dim
+        map_vars = ["--map-var", f"first_dense={config.first_k_dense_replace},qk_head_dim={nope + config.qk_rope_head_dim},"
+                    f"kv_head_dim={nope + v},v_head_dim={v}"]
+        item = os.path.join(tmp, version + "_item")
+        run("ckpt", "convert", hf, item, "--map", mapfile, *map_vars)
+        tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (8, rng.randint(3, 12)),
+                                                                       dtype=np.int32)
+        with torch.no_grad():
+            want = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+        expect_logits(model_file, sets, lambda mesh: tessel.checkpoint.restore(item, mesh=mesh), tokens, want,
+                      [(1, 1, 1), (8, 2, 4), (8, 1, 8)])
+        back = os.path.join(tmp, version + "_back")
+        run("ckpt", "convert", item, back, "--map", mapfile, *map_vars, "--to", "safetensors")
+        saved, again = tensors_of(hf), tensors_of(back)
+        assert sorted(saved) == sorted(again)
+        for name, value in saved.items():
+            np.testing.assert_array_equal(again[name], value, err_msg=name)
 
 
 def expect_logits(model_file, sets, weights_on, tokens, want, meshes):
