@@ -293,6 +293,8 @@ def tiny_deepseek(r, version):
     if version == "v3":
         # Group-limited routing: the best topk_group of 2 groups (MaxText's n_routing_groups).
         groups, topk_groups = 2, r.randint(1, 2)
+        if sizes["num_experts_per_tok"] > topk_groups * experts // groups:
+            topk_groups = groups  # enough experts in the chosen groups for the top-k
         config = transformers.DeepseekV3Config(n_group=groups, topk_group=topk_groups, rope_interleave=True, **sizes)
         sets.update(n_routing_groups=groups, topk_routing_group=topk_groups)
         model_class, model_file = transformers.DeepseekV3ForCausalLM, "deepseek3-tiny.yml"
@@ -303,9 +305,12 @@ def tiny_deepseek(r, version):
     torch.manual_seed(r.randrange(2**31))
     model = model_class(config).eval()
     if version == "v3":
-        with torch.no_grad():  # a bias that changes which experts are chosen
+        # A bias that changes which experts are chosen. Non-negative, as trained ones are in effect:
+        # transformers gives the experts outside the chosen groups a score of 0 where MaxText gives
+        # them -inf, which differ once a chosen expert's biased score falls below 0.
+        with torch.no_grad():
             for layer in model.model.layers[first_dense:]:
-                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(experts) * 0.5)
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.rand(experts) * 0.5)
     return config, model, model_file, sets
 
 

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from jax.sharding import NamedSharding as JaxSharding
+from jax.sharding import PartitionSpec as P
 from orbax.checkpoint.experimental import v1 as ocp_v1
 
 import tessel
@@ -186,6 +188,9 @@ def test_numpy_arrays_and_scalars_orbax_saved(rng, tmp, x64):
 def test_bad_requests_are_clear_errors(rng, tmp):
     devices = jax.devices()
     values, arrays, mesh = random_jax_tree(rng, devices)
+    # The random specs may all be replicated: one leaf is surely sharded, for the foreign-axes check.
+    probe = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    arrays["sharded_probe"] = jax.device_put(probe, JaxSharding(mesh, P(mesh.axis_names[0])))
     root = os.path.join(tmp, "ckpt")
     save_with_manager(root, "default", [1], {1: (arrays, arrays)})
     with pytest.raises(tessel.ArgumentError, match="several PyTree items"):
@@ -197,11 +202,8 @@ def test_bad_requests_are_clear_errors(rng, tmp):
     with pytest.raises(tessel.ArgumentError, match="matches none"):
         tessel.checkpoint.restore(root, item="items", select="nothing.*")
     # A saved spec naming axes the target mesh lacks: the leaf and the ways out are named.
-    with pytest.raises(tessel.ArgumentError, match="(?s)lacks .*axis_map="):
-        sharded = [p for p, a in leaves(arrays).items() if any(a.sharding.spec)]
-        if not sharded:
-            raise tessel.ArgumentError("lacks (no sharded leaf in this tree) --axis-map")
-        tessel.checkpoint.restore(root, item="items", mesh=tessel.Mesh({"other": 2}), select=sharded[0])
+    with pytest.raises(tessel.ArgumentError, match="(?s)sharded_probe .*lacks .*axis_map="):
+        tessel.checkpoint.restore(root, item="items", mesh=tessel.Mesh({"other": 2}), select="sharded_probe")
     # Data files cut short: a clear error, no value comes back.
     item_dir = os.path.join(root, "1", "items")
     for d, _, files in os.walk(item_dir):

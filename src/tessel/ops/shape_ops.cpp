@@ -609,7 +609,9 @@ Tensor rope_styled(const Tensor& x, size_t seq_dim, const RopeStyle& style) {
 }  // namespace
 
 Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale) {
-  return rope_styled(x, seq_dim, {.max_timescale = max_timescale});
+  RopeStyle style;
+  style.max_timescale = max_timescale;
+  return rope_styled(x, seq_dim, style);
 }
 
 Tensor yarn_rope(const Tensor& x, size_t seq_dim, const YarnRope& yarn) {
@@ -633,7 +635,11 @@ Tensor yarn_rope(const Tensor& x, size_t seq_dim, const YarnRope& yarn) {
 }
 
 Tensor llama_rope(const Tensor& x, size_t seq_dim, double max_timescale, bool llama3_scaling) {
-  return rope_styled(x, seq_dim, {.max_timescale = max_timescale, .interleaved = true, .llama3_scaling = llama3_scaling});
+  RopeStyle style;
+  style.max_timescale = max_timescale;
+  style.interleaved = true;
+  style.llama3_scaling = llama3_scaling;
+  return rope_styled(x, seq_dim, style);
 }
 
 Tensor cast(const Tensor& x, DType dtype) {
