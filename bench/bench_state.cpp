@@ -51,6 +51,19 @@ void BM_Memset(benchmark::State& state) {
 }
 BENCHMARK(BM_Memset)->Arg(1)->Arg(2)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// memset of fresh memory with 2 threads: the limit for an init that allocates its blocks, whose
+// time is mostly the kernel handing out zeroed pages.
+void BM_MemsetFresh(benchmark::State& state) {
+  const size_t bytes = size_t{1} << 30;
+  for (auto _ : state) {
+    std::unique_ptr<char[]> dst(new char[bytes]);
+    bench::over_thread_slices(2, bytes, [&](size_t lo, size_t hi) { std::memset(dst.get() + lo, 2, hi - lo); });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_MemsetFresh)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // init on a fresh runtime each time: allocation and first touch of the pages are part of it.
 void BM_Init1GiB(benchmark::State& state) {
   Module model = transformer_lm(one_gib_model());

@@ -35,8 +35,11 @@ TEST(Philox, KeysDependOnSeedAndPath) {
 
 TEST(Philox, BatchedWordsAreTheScalarBlocksWordByWord) {
   const PhiloxKey key = parameter_key(9, "k");
-  for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{255}, uint64_t{1} << 34}) {
-    std::vector<uint32_t> words(1000);
+  // Block numbers that carry into their high word inside one vector of blocks, and lengths that end
+  // inside a vector.
+  for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{255}, uint64_t{1} << 34,
+                         (uint64_t{0xFFFFFFFF} - 5) * 4 + 3}) {
+    std::vector<uint32_t> words(1000 + first % 7);
     detail::random_words(key, first, words.size(), words.data());
     for (size_t j = 0; j < words.size(); ++j) {
       uint64_t i = first + j;
@@ -62,8 +65,8 @@ TEST(Sampling, EveryInstructionSetGivesTheSameBits) {
       {K::kErfinv, static_cast<float>(std::erf(-2 / std::sqrt(2.0))), static_cast<float>(std::erf(2 / std::sqrt(2.0))),
        0.7f, std::nextafter(-2.0f, 0.0f), std::nextafter(2.0f, 0.0f)}};
   for (const auto& spec : specs)
-    for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 33}) {
-      const size_t n = 100003;
+    for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 33, (uint64_t{0xFFFFFFFF} - 9) * 4 + 1}) {
+      const size_t n = 100003 + first % 13;
       std::vector<float> fast(n), base(n);
       detail::sample_f32(key, first, n, spec, fast.data());
       testing::baseline_sample_f32(key, first, n, spec, base.data());
