@@ -28,13 +28,22 @@ struct Piece {
   Box region;
 };
 
+// Calls writing more than this go out with streaming stores: their targets outgrow the caches,
+// so a normal store's read of each line first only adds traffic.
+constexpr int64_t kStreamBytes = int64_t{32} << 20;
+
+template <class Task>
+int64_t total_bytes(std::span<const Task> tasks, size_t item) {
+  int64_t total = 0;
+  for (const Task& t : tasks) total += t.region.volume() * static_cast<int64_t>(item);
+  return total;
+}
+
 // Runs run(task, region) over every task: small calls inline as they are, large ones cut into
 // pieces (about kPieceBytes each) spread over the pool.
 template <class Task, class Run>
 void run_tasks(WorkerPool& pool, std::span<const Task> tasks, size_t item, const Run& run) {
-  int64_t total = 0;
-  for (const Task& t : tasks) total += t.region.volume() * static_cast<int64_t>(item);
-  if (total < kInlineBytes) {
+  if (total_bytes(tasks, item) < kInlineBytes) {
     for (const Task& t : tasks) run(t, t.region);
     return;
   }
@@ -46,6 +55,7 @@ void run_tasks(WorkerPool& pool, std::span<const Task> tasks, size_t item, const
   pool.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Piece& p = pieces[static_cast<size_t>(i)];
     run(tasks[p.task], p.region);
+    detail::stream_fence();  // the pool's hand-back orders normal stores only
   });
 }
 
@@ -77,9 +87,15 @@ void InProcessCommunicator::copy(std::span<const CopyTask> tasks, DType dtype) {
           ->add_received(t.region.volume() * static_cast<int64_t>(item));
   }
   const auto isize = static_cast<int64_t>(item);
+  const bool stream = total_bytes(tasks, item) > kStreamBytes;
   auto run = [&](const CopyTask& t, const Box& region) {
     for_each_run(region, t.src_box, t.dst_box, [&](int64_t s, int64_t d, int64_t n) {
-      std::memcpy(t.dst + d * isize, t.src + s * isize, static_cast<size_t>(n * isize));
+      std::byte* dst = t.dst + d * isize;
+      const std::byte* src = t.src + s * isize;
+      if (stream)
+        detail::stream_copy(dst, src, static_cast<size_t>(n * isize));
+      else
+        std::memcpy(dst, src, static_cast<size_t>(n * isize));
     });
   };
   run_tasks(pool_, tasks, item, run);
@@ -110,17 +126,29 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
   const auto isize = static_cast<int64_t>(item);
   // Results go out in slices small enough to still be in cache when copied to the other outputs.
   constexpr int64_t kSlice = 4096;
+  int64_t written = 0;
+  for (const ReduceTask& t : tasks)
+    written += t.region.volume() * isize * static_cast<int64_t>(t.outputs.size());
+  const bool stream = written > kStreamBytes;
   auto run = [&](const ReduceTask& t, const Box& region) {
     std::vector<const std::byte*> in(t.inputs.size());
-    std::byte* first = t.outputs.front().second;
+    // Streamed results are summed into a scratch slice that stays in L1, then streamed to every
+    // output; otherwise into the first output, then copied from there.
+    std::vector<std::byte> scratch(stream ? static_cast<size_t>(kSlice * isize) : 0);
     for_each_run(region, t.in_box, t.out_box, [&](int64_t s, int64_t d, int64_t n) {
       for (int64_t base = 0; base < n; base += kSlice) {
         const int64_t m = std::min(kSlice, n - base);
+        const auto bytes = static_cast<size_t>(m * isize);
         for (size_t k = 0; k < in.size(); ++k) in[k] = t.inputs[k].second + (s + base) * isize;
-        std::byte* out = first + (d + base) * isize;
-        detail::reduce_run(dtype, op, in.data(), in.size(), out, m);
-        for (size_t k = 1; k < t.outputs.size(); ++k)
-          std::memcpy(t.outputs[k].second + (d + base) * isize, out, static_cast<size_t>(m * isize));
+        const int64_t at = (d + base) * isize;
+        std::byte* sum = stream ? scratch.data() : t.outputs.front().second + at;
+        detail::reduce_run(dtype, op, in.data(), in.size(), sum, m);
+        for (size_t k = stream ? 0 : 1; k < t.outputs.size(); ++k) {
+          if (stream)
+            detail::stream_copy(t.outputs[k].second + at, sum, bytes);
+          else
+            std::memcpy(t.outputs[k].second + at, sum, bytes);
+        }
       }
     });
   };

@@ -20,4 +20,10 @@ void check_reduction(DType dtype, Reduction op);
 // is "!= 0"; integer to integer wraps (as numpy's astype).
 void convert_run(DType from, const std::byte* src, DType to, std::byte* dst, int64_t count);
 
+// memcpy with non-temporal stores (x86-64; plain memcpy elsewhere): for targets that will not be
+// read again soon, so the stores skip the read-for-ownership of each line and leave the cache to
+// the sources. Call stream_fence() before another thread may read what was written.
+void stream_copy(std::byte* dst, const std::byte* src, size_t bytes);
+void stream_fence();
+
 }  // namespace tessel::detail
