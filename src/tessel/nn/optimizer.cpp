@@ -37,8 +37,11 @@ Variable with_value(const Variable& v, std::string kind, Array value) {
 // A new array on x's layout, each device's block written by fn(device, count, out).
 template <class Fn>
 Array map_blocks(const Array& x, Fn fn) {
-  return ops::detail::compute_shards(x.runtime(), x.shape(), x.dtype(), x.sharding(),
-                                     [&](int64_t device, const Box& box, std::byte* out) { fn(device, box.volume(), out); });
+  // Parameters, their optimizer state and the reduced gradients hold equal replicas, so do the
+  // updates: one per distinct block, copied to the other replicas (data parallelism on one host
+  // would otherwise repeat the arithmetic once per device).
+  return ops::detail::compute_blocks_once(x.runtime(), x.shape(), x.dtype(), x.sharding(),
+                                          [&](int64_t device, const Box& box, std::byte* out) { fn(device, box.volume(), out); });
 }
 
 template <class Fn>

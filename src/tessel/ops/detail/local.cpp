@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -21,35 +22,82 @@ std::atomic<int> g_blas_threads{0};
 std::atomic<WorkerPool*> g_spread_pool{nullptr};
 }  // namespace
 
-Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
-                     const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
-  tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
-  builder.allocate_all();
-  std::vector<size_t> local;
-  for (size_t s = 0; s < builder.size(); ++s) {
-    // Empty blocks (uneven splits) have nothing to write: fn never sees a null buffer.
-    if (builder.addressable(s) && builder.shard(s).box.volume() > 0) local.push_back(s);
-  }
-  // BLAS stays single-threaded: its own spinning threads would fight the pool for the cores.
-  // With at least as many blocks as cores, one block per pool task. With fewer (one device),
-  // the blocks run one after another and the work inside each is split over the pool.
+namespace {
+
+// Runs fn over the builder's blocks `which`: one block per pool task when there are at least as
+// many blocks as cores; with fewer (one device), the blocks one after another, the work inside
+// each split over the pool. BLAS stays single-threaded: its own spinning threads would fight the
+// pool for the cores.
+void run_blocks(const Runtime& rt, const tessel::detail::ArrayBuilder& builder, const std::vector<size_t>& which,
+                const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   set_blas_threads(1);
-  const bool spread = local.size() < static_cast<size_t>(rt.pool().size()) && g_spread_pool.load() == nullptr;
+  const bool spread = which.size() < static_cast<size_t>(rt.pool().size()) && g_spread_pool.load() == nullptr;
   if (spread) {
     g_spread_pool.store(&rt.pool());
     try {
-      for (size_t s : local) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
+      for (size_t s : which) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
     } catch (...) {
       g_spread_pool.store(nullptr);
       throw;
     }
     g_spread_pool.store(nullptr);
   } else {
-    rt.pool().parallel_for(static_cast<int64_t>(local.size()), [&](int64_t i) {
-      const size_t s = local[static_cast<size_t>(i)];
+    rt.pool().parallel_for(static_cast<int64_t>(which.size()), [&](int64_t i) {
+      const size_t s = which[static_cast<size_t>(i)];
       fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
     });
   }
+}
+
+// The addressable, non-empty blocks (uneven splits leave some empty: fn never sees a null buffer).
+std::vector<size_t> local_blocks(const tessel::detail::ArrayBuilder& builder) {
+  std::vector<size_t> local;
+  for (size_t s = 0; s < builder.size(); ++s)
+    if (builder.addressable(s) && builder.shard(s).box.volume() > 0) local.push_back(s);
+  return local;
+}
+
+}  // namespace
+
+Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                     const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
+  tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
+  builder.allocate_all();
+  run_blocks(rt, builder, local_blocks(builder), fn);
+  return std::move(builder).finish();
+}
+
+Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                          const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
+  tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
+  builder.allocate_all();
+  std::vector<size_t> first;                           // the block computed, per distinct box
+  std::vector<std::pair<size_t, size_t>> copies;       // (replica, its computed block)
+  for (size_t s : local_blocks(builder)) {
+    auto same = std::find_if(first.begin(), first.end(), [&](size_t f) { return builder.shard(f).box == builder.shard(s).box; });
+    if (same == first.end())
+      first.push_back(s);
+    else
+      copies.emplace_back(s, *same);
+  }
+  run_blocks(rt, builder, first, fn);
+  // The copies in pieces of about 2 MiB, so every core has work.
+  constexpr int64_t kPiece = int64_t{2} << 20;
+  struct Piece {
+    std::byte* dst;
+    const std::byte* src;
+    int64_t bytes;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& [to, from] : copies) {
+    const int64_t bytes = builder.shard(to).box.volume() * static_cast<int64_t>(item_size(dtype));
+    for (int64_t at = 0; at < bytes; at += kPiece)
+      pieces.push_back({builder.data(to) + at, builder.data(from) + at, std::min(kPiece, bytes - at)});
+  }
+  rt.pool().parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Piece& p = pieces[static_cast<size_t>(i)];
+    std::memcpy(p.dst, p.src, static_cast<size_t>(p.bytes));
+  });
   return std::move(builder).finish();
 }
 

@@ -15,6 +15,11 @@ namespace tessel::ops::detail {
 // A concrete array on `sharding` whose every addressable block is written by fn(device, box, out).
 Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
+// The same for values whose replicas are equal by construction (an optimizer's update of reduced
+// gradients): fn writes one block per distinct box in this process, the other replicas of that
+// block get copies. Never for partial sums, whose replicas differ until reduced.
+Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                          const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
 
 // OpenBLAS's thread count (process-wide). Ops keep it at 1 and split work over the pool.
 void set_blas_threads(int threads);
