@@ -57,7 +57,9 @@ Tensor record(Tensor out, std::vector<Tensor> inputs, Backward backward) {
 Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding, Axes partial,
               const BlockFn& fn) {
   if (like.is_abstract()) return Tensor::abstract(shape, dtype, sharding, std::move(partial));
-  Array a = detail::compute_shards(like.shards().runtime(), shape, dtype, sharding, fn);
+  // A result that is not a partial sum holds equal replicas: on one host each block is computed once.
+  Array a = partial.empty() ? detail::compute_blocks_once(like.shards().runtime(), shape, dtype, sharding, fn)
+                            : detail::compute_shards(like.shards().runtime(), shape, dtype, sharding, fn);
   return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), std::move(partial));
 }
 
