@@ -111,6 +111,25 @@ void ArrayBuilder::share_unchanged(const Array& source) {
   }
 }
 
+std::vector<ArrayBuilder::LocalBlock> ArrayBuilder::local_blocks() const {
+  std::vector<LocalBlock> blocks;
+  const Mesh& mesh = sharding_.mesh();
+  for (const ShardPlacement& p : sharding_.distinct_shards(shape_)) {
+    if (p.box.empty()) continue;
+    LocalBlock block{shards_.size(), {}};
+    for (int64_t d : p.devices) {
+      auto i = static_cast<size_t>(mesh.position(d));
+      if (!addressable_[i]) continue;
+      if (block.first == shards_.size())
+        block.first = i;
+      else
+        block.replicas.push_back(i);
+    }
+    if (block.first != shards_.size()) blocks.push_back(std::move(block));
+  }
+  return blocks;
+}
+
 Array ArrayBuilder::finish() && {
   for (size_t i = 0; i < shards_.size(); ++i)
     if (allocations_[i]) shards_[i].buffer = Buffer(std::move(allocations_[i]));
@@ -147,28 +166,13 @@ Array make_array_from_callback(const Runtime& rt, const Shape& shape, DType dtyp
   detail::ArrayBuilder b(rt, shape, dtype, sharding, std::move(label));
   b.allocate_all();
   // The first addressable holder of each block gets filled; the other local replicas copy it.
-  struct Block {
-    size_t first;
-    std::vector<size_t> copies;
-  };
-  std::vector<Block> blocks;
-  const Mesh& mesh = sharding.mesh();
-  for (const ShardPlacement& p : sharding.distinct_shards(shape)) {
-    Block block{b.size(), {}};
-    for (int64_t d : p.devices) {
-      auto i = static_cast<size_t>(mesh.position(d));
-      if (!b.addressable(i)) continue;
-      if (block.first == b.size()) block.first = i;
-      else block.copies.push_back(i);
-    }
-    if (block.first != b.size() && !p.box.empty()) blocks.push_back(std::move(block));
-  }
+  const std::vector<detail::ArrayBuilder::LocalBlock> blocks = b.local_blocks();
   rt.pool().parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t k) {
-    const Block& block = blocks[static_cast<size_t>(k)];
+    const auto& block = blocks[static_cast<size_t>(k)];
     const Box& box = b.shard(block.first).box;
     std::span<std::byte> out = span_of(b.data(block.first), box, dtype);
     fill(box, out);
-    for (size_t i : block.copies) std::memcpy(b.data(i), out.data(), out.size());
+    for (size_t i : block.replicas) std::memcpy(b.data(i), out.data(), out.size());
   });
   return std::move(b).finish();
 }

@@ -50,7 +50,7 @@ void run_blocks(const Runtime& rt, const tessel::detail::ArrayBuilder& builder, 
 }
 
 // The addressable, non-empty blocks (uneven splits leave some empty: fn never sees a null buffer).
-std::vector<size_t> local_blocks(const tessel::detail::ArrayBuilder& builder) {
+std::vector<size_t> addressable_blocks(const tessel::detail::ArrayBuilder& builder) {
   std::vector<size_t> local;
   for (size_t s = 0; s < builder.size(); ++s)
     if (builder.addressable(s) && builder.shard(s).box.volume() > 0) local.push_back(s);
@@ -63,7 +63,7 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
   builder.allocate_all();
-  run_blocks(rt, builder, local_blocks(builder), fn);
+  run_blocks(rt, builder, addressable_blocks(builder), fn);
   return std::move(builder).finish();
 }
 
@@ -71,15 +71,9 @@ Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, co
                           const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
   builder.allocate_all();
-  std::vector<size_t> first;                           // the block computed, per distinct box
-  std::vector<std::pair<size_t, size_t>> copies;       // (replica, its computed block)
-  for (size_t s : local_blocks(builder)) {
-    auto same = std::find_if(first.begin(), first.end(), [&](size_t f) { return builder.shard(f).box == builder.shard(s).box; });
-    if (same == first.end())
-      first.push_back(s);
-    else
-      copies.emplace_back(s, *same);
-  }
+  const std::vector<tessel::detail::ArrayBuilder::LocalBlock> blocks = builder.local_blocks();
+  std::vector<size_t> first;
+  for (const auto& block : blocks) first.push_back(block.first);
   run_blocks(rt, builder, first, fn);
   // The copies in pieces of about 2 MiB, so every core has work.
   constexpr int64_t kPiece = int64_t{2} << 20;
@@ -89,10 +83,11 @@ Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, co
     int64_t bytes;
   };
   std::vector<Piece> pieces;
-  for (const auto& [to, from] : copies) {
-    const int64_t bytes = builder.shard(to).box.volume() * static_cast<int64_t>(item_size(dtype));
-    for (int64_t at = 0; at < bytes; at += kPiece)
-      pieces.push_back({builder.data(to) + at, builder.data(from) + at, std::min(kPiece, bytes - at)});
+  for (const auto& block : blocks) {
+    const int64_t bytes = builder.shard(block.first).box.volume() * static_cast<int64_t>(item_size(dtype));
+    for (size_t to : block.replicas)
+      for (int64_t at = 0; at < bytes; at += kPiece)
+        pieces.push_back({builder.data(to) + at, builder.data(block.first) + at, std::min(kPiece, bytes - at)});
   }
   rt.pool().parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Piece& p = pieces[static_cast<size_t>(i)];

@@ -27,6 +27,13 @@ class ArrayBuilder {
   // Allocates every addressable shard not shared. Throws OutOfMemoryError.
   void allocate_all();
   std::byte* data(size_t i) const { return allocations_[i] ? allocations_[i]->data() : nullptr; }
+  // Each non-empty block this process holds: its first addressable holder and the other local
+  // replicas (shard indices), for filling a block once and copying it.
+  struct LocalBlock {
+    size_t first;
+    std::vector<size_t> replicas;
+  };
+  std::vector<LocalBlock> local_blocks() const;
   Array finish() &&;
 
  private:
