@@ -97,6 +97,10 @@ void File::read_exact(int64_t offset, std::span<std::byte> out) const {
   }
 }
 
+void File::will_need(int64_t offset, int64_t size) const noexcept {
+  if (size > 0) ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(size), POSIX_FADV_WILLNEED);
+}
+
 void File::read_scatter(int64_t offset, std::span<const iovec> buffers) const {
   std::vector<iovec> iov(buffers.begin(), buffers.end());
   size_t first = 0;

@@ -35,6 +35,10 @@ class File {
   void read_exact(int64_t offset, std::span<std::byte> out) const;
   // One contiguous file range into several buffers (preadv), exactly their total size.
   void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
+  // Asks the kernel to start reading [offset, offset + size) into the page cache and returns
+  // without waiting (posix_fadvise WILLNEED): a reader hints its next range so the disk always has
+  // requests queued. A hint only: failures are ignored.
+  void will_need(int64_t offset, int64_t size) const noexcept;
   void write_all(std::span<const std::byte> data);
   // All of `data` at `offset` (pwrite): threads may write disjoint ranges of one file at once.
   void write_at(int64_t offset, std::span<const std::byte> data) const;

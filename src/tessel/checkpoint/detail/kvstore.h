@@ -32,6 +32,10 @@ class StoredValue {
   // Exactly out.size() bytes at `offset` within the value; past its end is an IoError.
   void read(int64_t offset, std::span<std::byte> out) const;
   void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
+  // Starts reading the whole value from disk in the background (File::will_need); a no-op in memory.
+  void will_need() const noexcept {
+    if (file_) file_->will_need(offset_, size_);
+  }
   // The part [offset, offset + size), checked to lie within.
   StoredValue slice(int64_t offset, int64_t size, std::string where) const;
 
