@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tessel/core/error.h"
+#include "tessel/nn/detail/adam_kernels.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/vmath.h"
 #include "tessel/runtime/process_group.h"
@@ -165,14 +166,17 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
         const Array& nu = opt_state.at(nu_path(path)).array(nu_path(path));
         check_same_layout(p, mu, mu_path(path));
         check_same_layout(p, nu, nu_path(path));
+        constexpr bool f32 = std::is_same_v<T, float>;
         Array mu2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
           const T *m = in(mu, d), *gr = in(g, d);
           T* out = reinterpret_cast<T*>(o);
+          if constexpr (f32) return detail::adam_mu_f32(c.b1, (1 - c.b1) * clip, m, gr, out, n);
           for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(c.b1 * m[i] + (1 - c.b1) * clip * gr[i]);
         });
         Array nu2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
           const T *m = in(nu, d), *gr = in(g, d);
           T* out = reinterpret_cast<T*>(o);
+          if constexpr (f32) return detail::adam_nu_f32(c.b2, 1 - c.b2, clip, m, gr, out, n);
           for (int64_t i = 0; i < n; ++i) {
             const double gc = clip * gr[i];
             out[i] = static_cast<T>(c.b2 * m[i] + (1 - c.b2) * gc * gc);
@@ -181,6 +185,7 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
         Array p2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
           const T *x = in(p, d), *m = in(mu2, d), *s = in(nu2, d);
           T* out = reinterpret_cast<T*>(o);
+          if constexpr (f32) return detail::adam_param_f32(lr, bc1, bc2, c.eps, c.weight_decay, x, m, s, out, n);
           for (int64_t i = 0; i < n; ++i) {
             const double update = (m[i] / bc1) / (std::sqrt(s[i] / bc2) + c.eps) + c.weight_decay * x[i];
             out[i] = static_cast<T>(x[i] - lr * update);
