@@ -283,6 +283,19 @@ TEST(NnOps, CausalMaskRopeAndCast) {
             EXPECT_EQ(masked[at], scores.v[at]);
           }
         }
+    // A sliding window keeps the `window` keys up to the query's own position.
+    const int64_t window = 1 + iter % 3;
+    const std::vector<double> windowed = values(ops::causal_mask(ts, window));
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t q = 0; q < s; ++q)
+        for (int64_t k = 0; k < s; ++k) {
+          const size_t at = static_cast<size_t>((i * s + q) * s + k);
+          if (k > q || q - k >= window) {
+            EXPECT_LT(windowed[at], -1e300) << "window " << window << " query " << q << " key " << k;
+          } else {
+            EXPECT_EQ(windowed[at], scores.v[at]) << "window " << window << " query " << q << " key " << k;
+          }
+        }
     // Rope on [b, s, h, d]: rotation of (x[k], x[k + d/2]) by pos / 10000^(2k/d).
     const Host x = random_host(rng, {b, s, h, d});
     std::vector<double> want(x.v.size());

@@ -104,6 +104,37 @@ TEST(Ops, ElementwiseAndReductionsMatchTheHostWithBroadcasting) {
   }
 }
 
+// Blocks large enough that a broadcasting op splits its first dimension over the cores: every
+// slice must start at its own rows of each operand, broadcast or not.
+TEST(Ops, LargeBroadcastsMatchTheHost) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(11);
+  for (int iter = 0; iter < 6; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    const Mesh mesh = testing::random_mesh(rng);
+    const int64_t r = std::uniform_int_distribution<int64_t>(60, 130)(rng), m = 3;
+    const int64_t c = std::uniform_int_distribution<int64_t>(300, 700)(rng);
+    const Host x = random_host(rng, {r, m, c}), y = random_host(rng, {r, 1, c}), z = random_host(rng, {m, 1});
+    auto sh = [&](size_t rank) {
+      return iter % 2 == 0 ? NamedSharding(mesh, PartitionSpec(std::vector<DimSharding>(rank)))
+                           : NamedSharding(mesh, testing::random_spec(rng, mesh, rank));
+    };
+    const Tensor tx = put(rt, x, sh(3)), ty = put(rt, y, sh(3)), tz = put(rt, z, sh(2));
+    std::vector<double> sum_xy(x.v.size()), mul_xz(x.v.size()), sub_zy(x.v.size());
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t k = 0; k < m; ++k)
+        for (int64_t j = 0; j < c; ++j) {
+          const size_t at = static_cast<size_t>((i * m + k) * c + j);
+          sum_xy[at] = x.v[at] + y.v[static_cast<size_t>(i * c + j)];
+          mul_xz[at] = x.v[at] * z.v[static_cast<size_t>(k)];
+          sub_zy[at] = z.v[static_cast<size_t>(k)] - y.v[static_cast<size_t>(i * c + j)];
+        }
+    expect_near(values(ops::add(tx, ty)), sum_xy);
+    expect_near(values(ops::mul(tx, tz)), mul_xz);
+    expect_near(values(ops::sub(tz, ty)), sub_zy);
+  }
+}
+
 TEST(Ops, ShardingPropagationFollowsGspmd) {
   Runtime rt = Runtime::host(8);
   const Mesh mesh = Mesh::parse("data=2,fsdp=2,tensor=2");

@@ -213,6 +213,41 @@ void run_binary(Binary op, const Box& box, const Box& ab, const Shape& as, const
   }
 }
 
+// An operand's step between slices of the output's first dimension: 0 where it broadcasts there.
+int64_t leading_stride(size_t rank, const Box& xb, const Shape& xs) {
+  if (xs.rank() < rank || xs[0] == 1) return 0;
+  return xb.extent(0) == 0 ? 0 : xb.volume() / xb.extent(0);
+}
+
+// A broadcasting op's block in slices of its first dimension, split over the cores (one block on
+// one device would otherwise take one core).
+void broadcast_split(Binary op, DType dtype, const Box& box, const Box& ab, const Shape& as, const Box& bb,
+                     const Shape& bs, const std::byte* a, const std::byte* b, std::byte* o) {
+  const size_t r = box.rank();
+  const int64_t rows = r == 0 ? 1 : box.extent(0);
+  const int64_t per_row = rows == 0 ? 0 : box.volume() / rows;
+  const int64_t item = static_cast<int64_t>(item_size(dtype));
+  const int64_t step_a = r == 0 ? 0 : leading_stride(r, ab, as) * item;
+  const int64_t step_b = r == 0 ? 0 : leading_stride(r, bb, bs) * item;
+  detail::split_range(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_row, 1)),
+                      [&](int64_t lo, int64_t hi) {
+    Box part = box;
+    if (r > 0 && (lo > 0 || hi < rows)) {
+      std::vector<int64_t> start(box.starts().begin(), box.starts().end()), stop(box.stops().begin(), box.stops().end());
+      start[0] = box.start(0) + lo;
+      stop[0] = box.start(0) + hi;
+      part = Box(std::move(start), std::move(stop));
+    }
+    const std::byte *pa = a + lo * step_a, *pb = b + lo * step_b;
+    std::byte* po = o + lo * per_row * item;
+    if (dtype == DType::kF32) {
+      run_binary<float>(op, part, ab, as, bb, bs, pa, pb, po);
+    } else {
+      run_binary<double>(op, part, ab, as, bb, bs, pa, pb, po);
+    }
+  });
+}
+
 Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char* name) {
   check_operands(a_in, b_in, name);
   const Shape shape = broadcast_shape(a_in.shape(), b_in.shape(), name);
@@ -291,12 +326,9 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
           run_binary<double>(op, flat, flat, flat_shape, flat, flat_shape, pa, pb, po);
         }
       });
-    } else if (dtype == DType::kF32) {
-      run_binary<float>(op, box, block_box(a, device), a.shape(), block_box(b, device), b.shape(), block(a, device),
-                        block(b, device), o);
     } else {
-      run_binary<double>(op, box, block_box(a, device), a.shape(), block_box(b, device), b.shape(), block(a, device),
-                         block(b, device), o);
+      broadcast_split(op, dtype, box, block_box(a, device), a.shape(), block_box(b, device), b.shape(), block(a, device),
+                      block(b, device), o);
     }
   });
 }
@@ -734,21 +766,41 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 namespace {
 
+// A row's reduction in kLanes interleaved partial results (element i goes to lane i % kLanes),
+// joined pairwise in a fixed order at the end: one dependency chain per lane instead of one for the
+// row, so the loop vectorizes (a left-to-right sum of a 128-element row waited on every add), and
+// the result is the same on every machine and mesh.
+constexpr int kLanes = 16;
+
+template <class A, class Term, class Join>
+A reduce_lanes(int64_t n, A init, Term&& term, Join&& join) {
+  A acc[kLanes];
+  for (A& a : acc) a = init;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = join(acc[j], term(i + j));
+  for (int j = 0; i + j < n; ++j) acc[j] = join(acc[j], term(i + j));
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int j = 0; j < width; ++j) acc[j] = join(acc[j], acc[j + width]);
+  return acc[0];
+}
+
+constexpr auto kPlus = [](auto a, auto b) { return a + b; };
+
 template <class T>
 void softmax_rows(const T* x, T* y, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * n;
     T* out = y + r * n;
-    T m = -std::numeric_limits<T>::infinity();
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, in[i]);
+    const T m = reduce_lanes(n, -std::numeric_limits<T>::infinity(), [in](int64_t i) { return in[i]; },
+                             [](T a, T b) { return std::max(a, b); });
     for (int64_t i = 0; i < n; ++i) out[i] = in[i] - m;
     if constexpr (std::is_same_v<T, float>) {
       exp_f32(out, out, n);
     } else {
       for (int64_t i = 0; i < n; ++i) out[i] = std::exp(out[i]);
     }
-    T z = 0;
-    for (int64_t i = 0; i < n; ++i) z += out[i];
+    const T z = reduce_lanes(n, T(0), [out](int64_t i) { return out[i]; }, kPlus);
     const T inv = T(1) / z;
     for (int64_t i = 0; i < n; ++i) out[i] *= inv;
   }
@@ -759,8 +811,7 @@ template <class T>
 void softmax_grad_rows(const T* y, const T* g, T* dx, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     const T *yr = y + r * n, *gr = g + r * n;
-    T dot = 0;
-    for (int64_t i = 0; i < n; ++i) dot += yr[i] * gr[i];
+    const T dot = reduce_lanes(n, T(0), [yr, gr](int64_t i) { return yr[i] * gr[i]; }, kPlus);
     for (int64_t i = 0; i < n; ++i) dx[r * n + i] = yr[i] * (gr[i] - dot);
   }
 }
@@ -817,8 +868,7 @@ template <class T>
 void rms_rows(const T* x, const T* scale, T* y, T* inv, int64_t rows, int64_t n, double eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * n;
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(in[i]) * in[i];
+    const double ss = reduce_lanes(n, 0.0, [in](int64_t i) { return static_cast<double>(in[i]) * in[i]; }, kPlus);
     const T v = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
     inv[r] = v;
     for (int64_t i = 0; i < n; ++i) y[r * n + i] = in[i] * v * scale[i];
@@ -830,8 +880,8 @@ template <class T>
 void rms_grad_rows(const T* x, const T* scale, const T* inv, const T* g, T* dx, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = x + r * n, *gr = g + r * n;
-    double dot = 0;
-    for (int64_t i = 0; i < n; ++i) dot += static_cast<double>(gr[i]) * scale[i] * xr[i];
+    const double dot =
+        reduce_lanes(n, 0.0, [gr, scale, xr](int64_t i) { return static_cast<double>(gr[i]) * scale[i] * xr[i]; }, kPlus);
     const T v = inv[r];
     const T c = static_cast<T>(dot / static_cast<double>(n)) * v * v;
     for (int64_t i = 0; i < n; ++i) dx[r * n + i] = v * (gr[i] * scale[i] - xr[i] * c);

@@ -133,29 +133,34 @@ void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign
   for (size_t i = 0; i < seq_dim; ++i) outer *= box.extent(i);
   for (size_t i = seq_dim + 1; i + 1 < r; ++i) inner *= box.extent(i);
   const int64_t seq = box.extent(seq_dim);
-  std::vector<T> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
-  for (int64_t s = 0; s < seq; ++s) {
-    const double pos = static_cast<double>(box.start(seq_dim) + s);
-    for (int64_t k = 0; k < half; ++k) {
-      const double angle = pos * rope_frequency(style, k, d);
-      cos_t[k] = static_cast<T>(std::cos(angle));
-      sin_t[k] = static_cast<T>(sign * std::sin(angle));
-    }
-    for (int64_t a = 0; a < outer; ++a) {
-      for (int64_t h = 0; h < inner; ++h) {
-        const int64_t off = ((a * seq + s) * inner + h) * d;
-        const T* x = in + off;
-        T* y = out + off;
-        const int64_t step = style.interleaved ? 2 : 1, partner = style.interleaved ? 1 : half;
-        for (int64_t k = 0; k < half; ++k) {
-          const int64_t i = k * step, j = i + partner;
-          const T xi = x[i], xj = x[j];
-          y[i] = xi * cos_t[k] - xj * sin_t[k];
-          y[j] = xj * cos_t[k] + xi * sin_t[k];
+  std::vector<double> freq(static_cast<size_t>(half));
+  for (int64_t k = 0; k < half; ++k) freq[k] = rope_frequency(style, k, d);
+  // Positions split over the cores: a block's table of angles is most of the work.
+  detail::split_range(seq, 4, [&](int64_t s_lo, int64_t s_hi) {
+    std::vector<T> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+    for (int64_t s = s_lo; s < s_hi; ++s) {
+      const double pos = static_cast<double>(box.start(seq_dim) + s);
+      for (int64_t k = 0; k < half; ++k) {
+        const double angle = pos * freq[k];
+        cos_t[k] = static_cast<T>(std::cos(angle));
+        sin_t[k] = static_cast<T>(sign * std::sin(angle));
+      }
+      for (int64_t a = 0; a < outer; ++a) {
+        for (int64_t h = 0; h < inner; ++h) {
+          const int64_t off = ((a * seq + s) * inner + h) * d;
+          const T* x = in + off;
+          T* y = out + off;
+          const int64_t step = style.interleaved ? 2 : 1, partner = style.interleaved ? 1 : half;
+          for (int64_t k = 0; k < half; ++k) {
+            const int64_t i = k * step, j = i + partner;
+            const T xi = x[i], xj = x[j];
+            y[i] = xi * cos_t[k] - xj * sin_t[k];
+            y[j] = xj * cos_t[k] + xi * sin_t[k];
+          }
         }
       }
     }
-  }
+  });
 }
 
 Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, const RopeStyle& style) {
@@ -188,15 +193,18 @@ Tensor mask_raw(const Tensor& x_in, double fill, int64_t window) {
       const T* in = reinterpret_cast<const T*>(block(x, device));
       T* out = reinterpret_cast<T*>(o);
       const T f = static_cast<T>(fill);
-      for (int64_t p = 0; p < planes; ++p) {
-        for (int64_t q = 0; q < nq; ++q) {
-          const int64_t off = (p * nq + q) * nk;
-          for (int64_t k = 0; k < nk; ++k) {
-            const int64_t ahead = (k0 + k) - (q0 + q);  // key position - query position
-            out[off + k] = ahead > 0 || (window > 0 && -ahead >= window) ? f : in[off + k];
-          }
+      // Row (p, q) keeps the keys k with key position - query position <= 0 and, with a window,
+      // > -window: one kept span [lo, hi) between two filled ones. Rows are split over the cores.
+      detail::split_range(planes * nq, 16, [&](int64_t row_lo, int64_t row_hi) {
+        for (int64_t row = row_lo; row < row_hi; ++row) {
+          const int64_t q = row % nq, off = row * nk;
+          const int64_t hi = std::clamp<int64_t>(q0 + q - k0 + 1, 0, nk);
+          const int64_t lo = window > 0 ? std::clamp<int64_t>(q0 + q - k0 - window + 1, 0, hi) : 0;
+          std::fill(out + off, out + off + lo, f);
+          std::copy(in + off + lo, in + off + hi, out + off + lo);
+          std::fill(out + off + hi, out + off + nk, f);
         }
-      }
+      });
     });
   });
 }
