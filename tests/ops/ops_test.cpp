@@ -104,9 +104,9 @@ TEST(Ops, ElementwiseAndReductionsMatchTheHostWithBroadcasting) {
   }
 }
 
-// Blocks large enough that a broadcasting op splits its first dimension over the cores: every
-// slice must start at its own rows of each operand, broadcast or not.
-TEST(Ops, LargeBroadcastsMatchTheHost) {
+// Blocks large enough that a broadcasting op or a transpose splits its first dimension over the
+// cores: every slice must start at its own rows of each operand, broadcast or not.
+TEST(Ops, LargeBroadcastsAndTransposesMatchTheHost) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(11);
   for (int iter = 0; iter < 6; ++iter) {
@@ -132,6 +132,17 @@ TEST(Ops, LargeBroadcastsMatchTheHost) {
     expect_near(values(ops::add(tx, ty)), sum_xy);
     expect_near(values(ops::mul(tx, tz)), mul_xz);
     expect_near(values(ops::sub(tz, ty)), sub_zy);
+    // Transposes large enough to be split over the cores along their first output dimension.
+    std::vector<double> t201(x.v.size()), t021(x.v.size());
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t k = 0; k < m; ++k)
+        for (int64_t j = 0; j < c; ++j) {
+          const double v = x.v[static_cast<size_t>((i * m + k) * c + j)];
+          t201[static_cast<size_t>((j * r + i) * m + k)] = v;
+          t021[static_cast<size_t>((i * c + j) * m + k)] = v;
+        }
+    expect_near(values(ops::transpose(tx, {2, 0, 1})), t201);
+    expect_near(values(ops::transpose(tx, {0, 2, 1})), t021);
   }
 }
 

@@ -315,7 +315,7 @@ Tensor transpose(const Tensor& x, const std::vector<size_t>& perm) {
                       [&](int64_t device, const Box& box, std::byte* o) {
                         if (box.volume() == 0) return;
                         const std::vector<int64_t> src_strides = strides_of(block_box(x, device));
-                        std::vector<int64_t> stride(r), ext(r), idx(r, 0);
+                        std::vector<int64_t> stride(r), ext(r);
                         for (size_t i = 0; i < r; ++i) {
                           stride[i] = src_strides[perm[i]];
                           ext[i] = box.extent(i);
@@ -325,29 +325,37 @@ Tensor transpose(const Tensor& x, const std::vector<size_t>& perm) {
                           std::memcpy(o, src, item);
                           return;
                         }
-                        const int64_t inner = ext[r - 1], is = stride[r - 1];
-                        int64_t off = 0;
-                        std::byte* dst = o;
-                        for (;;) {
-                          if (is == 1) {
-                            std::memcpy(dst, src + off * static_cast<int64_t>(item), inner * item);
-                            dst += inner * static_cast<int64_t>(item);
-                          } else {
-                            for (int64_t j = 0; j < inner; ++j, dst += item) {
-                              std::memcpy(dst, src + (off + j * is) * static_cast<int64_t>(item), item);
+                        // Slices of the output's first dimension, split over the cores.
+                        const int64_t row_items = box.volume() / ext[0];
+                        auto copy_rows = [&](int64_t lo, int64_t hi) {
+                          std::vector<int64_t> idx(r, 0), e = ext;
+                          e[0] = hi - lo;
+                          const int64_t inner = e[r - 1], is = stride[r - 1];
+                          int64_t off = lo * stride[0];
+                          std::byte* dst = o + lo * row_items * static_cast<int64_t>(item);
+                          for (;;) {
+                            if (is == 1) {
+                              std::memcpy(dst, src + off * static_cast<int64_t>(item), inner * item);
+                              dst += inner * static_cast<int64_t>(item);
+                            } else {
+                              for (int64_t j = 0; j < inner; ++j, dst += item) {
+                                std::memcpy(dst, src + (off + j * is) * static_cast<int64_t>(item), item);
+                              }
+                            }
+                            size_t k = r - 1;
+                            for (;;) {
+                              if (k == 0) return;
+                              --k;
+                              ++idx[k];
+                              off += stride[k];
+                              if (idx[k] < e[k]) break;
+                              off -= stride[k] * e[k];
+                              idx[k] = 0;
                             }
                           }
-                          size_t k = r - 1;
-                          for (;;) {
-                            if (k == 0) return;
-                            --k;
-                            ++idx[k];
-                            off += stride[k];
-                            if (idx[k] < ext[k]) break;
-                            off -= stride[k] * ext[k];
-                            idx[k] = 0;
-                          }
-                        }
+                        };
+                        detail::split_range(ext[0], std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(row_items, 1)),
+                                            copy_rows);
                       });
   std::vector<size_t> inverse(r);
   for (size_t i = 0; i < r; ++i) inverse[perm[i]] = i;
