@@ -281,11 +281,12 @@ void read_slabs(const LeafRead& p, const detail::StoredValue& f, const Box& chun
 
 // Large chunks only: a cold restore of one pread per worker leaves the disk's queue nearly empty
 // (2 readers: ~2 GB/s where 8 concurrent readers get ~2.7), so each worker hints the chunk that
-// is picked after the running ones. Small chunks are left to the kernel's readahead. Errors are
-// the read's to report.
+// is picked after the running ones. Small chunks are left to the kernel's readahead, and chunks
+// inside zarr3 shards too (finding one reads its shard's index, which the task would read again).
+// Errors are the read's to report.
 void will_need(const std::vector<LeafRead>& plans, const ReadTask& task) noexcept {
   const LeafRead& p = plans[task.param];
-  if (p.zarr.chunk_bytes() < (int64_t{1} << 20)) return;
+  if (p.zarr.chunk_bytes() < (int64_t{1} << 20) || p.zarr.sharded()) return;
   try {
     if (auto value = locate_chunk(p, task.index, p.zarr.chunk_key(task.index))) value->will_need();
   } catch (...) {

@@ -229,8 +229,7 @@ void broadcast_split(Binary op, DType dtype, const Box& box, const Box& ab, cons
   const int64_t item = static_cast<int64_t>(item_size(dtype));
   const int64_t step_a = r == 0 ? 0 : leading_stride(r, ab, as) * item;
   const int64_t step_b = r == 0 ? 0 : leading_stride(r, bb, bs) * item;
-  detail::split_range(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_row, 1)),
-                      [&](int64_t lo, int64_t hi) {
+  detail::split_rows(rows, per_row, [&](int64_t lo, int64_t hi) {
     Box part = box;
     if (r > 0 && (lo > 0 || hi < rows)) {
       std::vector<int64_t> start(box.starts().begin(), box.starts().end()), stop(box.stops().begin(), box.stops().end());
@@ -309,7 +308,7 @@ Tensor binary_raw(Binary op, const Tensor& a_in, const Tensor& b_in, const char*
   const bool same = a.shape() == shape && b.shape() == shape;
   return output(a, shape, dtype, with_dims(a.mesh(), out), partial, [&](int64_t device, const Box& box, std::byte* o) {
     if (same) {  // equal blocks: flat loops, split over the cores when this op runs one block
-      detail::split_range(box.volume(), 1 << 14, [&](int64_t lo, int64_t hi) {
+      detail::split_rows(box.volume(), 1, [&](int64_t lo, int64_t hi) {
         const Box flat({lo}, {hi});
         const Shape flat_shape{hi - lo};
         const size_t item = item_size(dtype);

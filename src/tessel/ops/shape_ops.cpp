@@ -354,8 +354,7 @@ Tensor transpose(const Tensor& x, const std::vector<size_t>& perm) {
                             }
                           }
                         };
-                        detail::split_range(ext[0], std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(row_items, 1)),
-                                            copy_rows);
+                        detail::split_rows(ext[0], row_items, copy_rows);
                       });
   std::vector<size_t> inverse(r);
   for (size_t i = 0; i < r; ++i) inverse[perm[i]] = i;

@@ -2,14 +2,11 @@
 
 #include <cmath>
 
+#include "tessel/detail/vector_clones.h"
+
 // Compiled with -O3 -fno-math-errno -ffp-contract=off (src/CMakeLists.txt): sqrt stays one
 // correctly rounded instruction and no multiply-add is fused, so every clone gives the bits of
 // the baseline build.
-#if defined(__x86_64__)
-#define TESSEL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TESSEL_VECTOR_CLONES
-#endif
 
 namespace tessel::nn::detail {
 

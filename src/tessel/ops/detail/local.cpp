@@ -119,6 +119,11 @@ void split_range(int64_t n, int64_t grain, const std::function<void(int64_t, int
   pool->parallel_for(pieces, [&](int64_t p) { body(n * p / pieces, n * (p + 1) / pieces); });
 }
 
+void split_rows(int64_t rows, int64_t row_items, const std::function<void(int64_t, int64_t)>& body) {
+  constexpr int64_t kGrainItems = int64_t{1} << 14;
+  split_range(rows, std::max<int64_t>(1, kGrainItems / std::max<int64_t>(row_items, 1)), body);
+}
+
 namespace {
 
 void gemm_ld(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,

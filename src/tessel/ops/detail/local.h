@@ -31,6 +31,10 @@ const char* blas_core();
 // [0, n) on those cores, each piece at least `grain` items (else body(0, n) here).
 int spread();
 void split_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+// split_range over `rows` rows of `row_items` elements, in pieces of whole rows worth at least
+// 16K elements: how a lone block's element loops (elementwise, broadcasting, transposes) share
+// the cores.
+void split_rows(int64_t rows, int64_t row_items, const std::function<void(int64_t, int64_t)>& body);
 
 // Row-major C[m,n] = op(A) op(B) (+ C when accumulate), f32 or f64; op transposes when asked.
 // Split by rows or columns of C over the cores when spread() > 1.

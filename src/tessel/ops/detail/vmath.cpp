@@ -3,7 +3,7 @@
 #include <bit>
 #include <cmath>
 
-#define TESSEL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#include "tessel/detail/vector_clones.h"
 
 namespace tessel::ops::detail {
 namespace {

@@ -15,12 +15,8 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"
+#include "tessel/detail/vector_clones.h"
 
-#if defined(__x86_64__)
-#define TESSEL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TESSEL_VECTOR_CLONES
-#endif
 
 namespace tessel::detail {
 namespace {

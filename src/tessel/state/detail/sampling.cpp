@@ -7,6 +7,12 @@
 #include <cmath>
 #include <iterator>
 
+// tests/state/sampling_baseline.cpp builds this file with TESSEL_SAMPLING_BASELINE_ONLY: no clones.
+#ifdef TESSEL_SAMPLING_BASELINE_ONLY
+#define TESSEL_NO_VECTOR_CLONES
+#endif
+#include "tessel/detail/vector_clones.h"
+
 #if defined(__x86_64__) && !defined(TESSEL_SAMPLING_BASELINE_ONLY)
 // g++ 12 warns inside its own AVX-512 headers (_mm512_undefined_*'s self-initialization, GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -24,14 +30,9 @@ constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
 constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 constexpr size_t kBlocks = 64;  // Philox blocks per batch: 256 elements, registers-and-L1 sized
 
-// The hot loops get AVX2 and AVX-512 versions chosen at load time; they compute the same bits as
-// the baseline version since only exactly rounded operations are used.
-// (tests/state/sampling_baseline.cpp builds a baseline-only copy to check that.)
-#ifdef TESSEL_SAMPLING_BASELINE_ONLY
-#define TESSEL_VECTOR_CLONES
-#else
-#define TESSEL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+// The hot loops get AVX2 and AVX-512 versions chosen at load time (TESSEL_VECTOR_CLONES); they
+// compute the same bits as the baseline version since only exactly rounded operations are used
+// (tests/state/sampling_baseline.cpp builds a baseline-only copy to check that).
 
 // Philox4x32-10 over `n` consecutive block counters, structure of arrays so the rounds vectorize.
 TESSEL_VECTOR_CLONES void philox_batch(const PhiloxKey& key, uint64_t first_block, size_t n, uint32_t* words) {
