@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include <gmock/gmock.h>
@@ -37,14 +38,46 @@ TEST(Array, DevicePutGivesEachDeviceExactlyItsBox) {
   EXPECT_EQ(x.addressable_shards().size(), 8u);
 }
 
-TEST(Array, ReplicasHoldTheirOwnCopies) {
+// In one process the replicas of a block are stored once, yet each device is charged for its
+// copy as a real device would be: limits and statistics do not depend on the sharing.
+TEST(Array, ReplicasShareTheirBytesAndEachDeviceIsCharged) {
   auto rt = Runtime::host(4);
   NamedSharding s(Mesh::parse("data=2,fsdp=2"), {{"fsdp"}});
-  Array x = device_put(rt, testing::iota(Shape{4}), s);
-  EXPECT_EQ(x.shard(0).box, x.shard(2).box);
-  EXPECT_EQ(x.shard(2).replica_id, 1);
-  EXPECT_NE(x.shard(0).buffer.data(), x.shard(2).buffer.data());
+  std::optional<Array> x = device_put(rt, testing::iota(Shape{4}), s);
+  EXPECT_EQ(x->shard(0).box, x->shard(2).box);
+  EXPECT_EQ(x->shard(2).replica_id, 1);
+  EXPECT_EQ(x->shard(0).buffer.data(), x->shard(2).buffer.data());
+  EXPECT_NE(x->shard(0).buffer.data(), x->shard(1).buffer.data());
+  EXPECT_FALSE(x->shard(0).buffer.shares_with(x->shard(2).buffer));
+  EXPECT_EQ(x->shard(2).buffer.device(), 2);
+  EXPECT_EQ(x->shard(2).buffer.size(), 8);
+  for (int64_t d = 0; d < 4; ++d) {
+    EXPECT_EQ(rt.device(d).memory_stats().in_use, 8) << d;
+    EXPECT_EQ(rt.device(d).memory_stats().buffers, 1) << d;
+  }
+  EXPECT_EQ(to_host(*x), testing::iota(Shape{4}));
+  // The first holder may go before its replica: the bytes stay while any device holds them.
+  Shard kept = x->shard(2);
+  kept.replica_id = 0;
+  Array replica_only(rt, Shape{2}, x->dtype(), NamedSharding(Mesh({{"one", 1}}, {2}), {}), {kept});
+  x.reset();
+  for (int64_t d : {0, 1, 3}) EXPECT_EQ(rt.device(d).memory_stats().in_use, 0) << d;
   EXPECT_EQ(rt.device(2).memory_stats().in_use, 8);
+  EXPECT_EQ(to_host(replica_only), testing::iota(Shape{2}));  // the first half of iota(4)
+  testing::expect_accounts_match(rt, {&replica_only});
+}
+
+// A replica charged past its device's limit fails like any allocation and leaves no trace.
+TEST(Array, AReplicaPastItsDevicesLimitIsOutOfMemory) {
+  auto rt = Runtime::host(4);
+  rt.device(3).set_memory_limit(100);
+  NamedSharding s(Mesh::parse("data=2,fsdp=2"), {{"fsdp"}});
+  EXPECT_THAT([&] { device_put(rt, testing::iota(Shape{64}), s, "w"); },
+              ThrowsMessage<OutOfMemoryError>(HasSubstr("device 3: out of memory: cannot allocate 128 B for w")));
+  for (int64_t d = 0; d < 4; ++d) {
+    EXPECT_EQ(rt.device(d).memory_stats().in_use, 0) << d;
+    EXPECT_EQ(rt.device(d).memory_stats().buffers, 0) << d;
+  }
 }
 
 TEST(Array, CallbackRunsOncePerDistinctBlock) {

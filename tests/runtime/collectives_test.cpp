@@ -11,6 +11,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"
 #include "tessel/runtime/device.h"
+#include "tessel/runtime/reshard.h"
 
 namespace tessel {
 namespace {
@@ -268,6 +269,38 @@ TEST(Collectives, LargeCallsGiveTheSameValues) {
     for (int64_t d : kMesh.device_ids())
       ASSERT_EQ(std::memcmp(y.shard(d).buffer.data(), want.data(), want.size() * 4), 0) << "device " << d;
   }
+}
+
+// In one process the members of a group that end up with equal bytes share them, charged to
+// each; members of different groups do not (a partial sum over other axes differs between groups).
+TEST(Collectives, EqualResultsInAGroupShareMemory) {
+  auto rt = Runtime::host(8);
+  const Shape shape{8, 6};
+  auto fill = [&](int64_t device, const Box& box, std::span<std::byte> out) {
+    for (int64_t i = 0; i < box.volume(); ++i) {
+      const float v = static_cast<float>(contribution(device, i));
+      std::memcpy(out.data() + i * 4, &v, 4);
+    }
+  };
+  Array x = make_array_from_device_callback(rt, shape, DType::kF32, NamedSharding(kMesh, PartitionSpec()), fill);
+  Array y = all_reduce(x, {"a", "b"}, Reduction::kSum);  // groups: devices with equal c
+  for (int64_t d : kMesh.device_ids()) {
+    const std::vector<int64_t> group = group_of(kMesh, d, {"a", "b"});
+    for (int64_t e : kMesh.device_ids())
+      EXPECT_EQ(y.shard(d).buffer.data() == y.shard(e).buffer.data(),
+                std::find(group.begin(), group.end(), e) != group.end()) << d << " " << e;
+    EXPECT_EQ(rt.device(d).memory_stats().in_use, 2 * shape.num_elements() * 4) << d;
+  }
+  Array rows = make_array_from_device_callback(rt, shape, DType::kF32, NamedSharding(kMesh, PartitionSpec({{"a", "b", "c"}})), fill);
+  Array g = all_gather(rows, {"b", "c"});  // 'a' still splits the rows: two distinct blocks
+  for (int64_t d : kMesh.device_ids())
+    for (int64_t e : kMesh.device_ids())
+      EXPECT_EQ(g.shard(d).buffer.data() == g.shard(e).buffer.data(), g.shard(d).box == g.shard(e).box) << d << " " << e;
+  Array r = reshard(rows, NamedSharding(kMesh, PartitionSpec({{"c"}})));
+  for (int64_t d : kMesh.device_ids())
+    for (int64_t e : kMesh.device_ids())
+      EXPECT_EQ(r.shard(d).buffer.data() == r.shard(e).buffer.data(), r.shard(d).box == r.shard(e).box) << d << " " << e;
+  EXPECT_EQ(to_host(r), to_host(rows));
 }
 
 TEST(Collectives, AllToAllMatchesTheHostReferenceForEveryAxisSet) {

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 #include <set>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -91,15 +92,41 @@ ArrayBuilder::ArrayBuilder(Runtime rt, Shape shape, DType dtype, NamedSharding s
     addressable_.push_back(rt_.is_addressable(device));
   }
   allocations_.resize(shards_.size());
+  replica_of_.assign(shards_.size(), kNone);
+}
+
+void ArrayBuilder::share_replica(size_t i, size_t of) {
+  while (replica_of_[of] != kNone) of = replica_of_[of];
+  if (i == of || !addressable_[i] || is_shared(i)) return;
+  if (!addressable_[of] || shards_[of].box != shards_[i].box)
+    throw std::logic_error("share_replica: shard " + std::to_string(i) + " cannot replicate shard " + std::to_string(of));
+  replica_of_[i] = of;
+}
+
+void ArrayBuilder::share_local_replicas() {
+  for (const LocalBlock& block : local_blocks()) {
+    // Onto a holder that already shares a source buffer, if any: then nothing needs writing.
+    size_t root = block.first;
+    for (size_t r : block.replicas)
+      if (is_shared(r) && !is_shared(root)) root = r;
+    if (root != block.first) share_replica(block.first, root);
+    for (size_t r : block.replicas) share_replica(r, root);
+  }
 }
 
 void ArrayBuilder::allocate_all() {
   const auto item = static_cast<int64_t>(item_size(dtype_));
   const std::string& charge = label_.empty() ? type_string(dtype_, shape_) : label_;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    if (!addressable_[i] || is_shared(i) || allocations_[i]) continue;
+    if (!addressable_[i] || is_shared(i) || allocations_[i] || replica_of_[i] != kNone) continue;
     allocations_[i] = std::make_shared<Allocation>(rt_.shared_device(shards_[i].device),
                                                    shards_[i].box.volume() * item, charge);
+  }
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const size_t of = replica_of_[i];
+    if (of == kNone || allocations_[i] || is_shared(i)) continue;
+    const Allocation& original = is_shared(of) ? *shards_[of].buffer.allocation_ : *allocations_[of];
+    allocations_[i] = std::make_shared<Allocation>(rt_.shared_device(shards_[i].device), original, charge);
   }
 }
 
@@ -164,15 +191,14 @@ Array make_array_from_callback(const Runtime& rt, const Shape& shape, DType dtyp
                                const NamedSharding& sharding, const BoxFiller& fill,
                                std::string label) {
   detail::ArrayBuilder b(rt, shape, dtype, sharding, std::move(label));
+  // The first addressable holder of each block gets filled; the other local replicas share it.
+  b.share_local_replicas();
   b.allocate_all();
-  // The first addressable holder of each block gets filled; the other local replicas copy it.
   const std::vector<detail::ArrayBuilder::LocalBlock> blocks = b.local_blocks();
   rt.pool().parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t k) {
     const auto& block = blocks[static_cast<size_t>(k)];
     const Box& box = b.shard(block.first).box;
-    std::span<std::byte> out = span_of(b.data(block.first), box, dtype);
-    fill(box, out);
-    for (size_t i : block.replicas) std::memcpy(b.data(i), out.data(), out.size());
+    fill(box, span_of(b.data(block.first), box, dtype));
   });
   return std::move(b).finish();
 }

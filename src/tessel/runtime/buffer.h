@@ -13,6 +13,7 @@
 namespace tessel {
 namespace detail {
 class Allocation;
+class ArrayBuilder;
 }
 
 class Buffer {
@@ -30,10 +31,12 @@ class Buffer {
   std::span<const T> as() const {
     return {reinterpret_cast<const T*>(data()), static_cast<size_t>(size()) / sizeof(T)};
   }
-  // True when both share the same allocation.
+  // True when both share the same allocation. Replicas of a block in one process may hold the
+  // same bytes (equal data()) as separate buffers charged to their own devices.
   bool shares_with(const Buffer& other) const { return allocation_ == other.allocation_; }
 
  private:
+  friend class detail::ArrayBuilder;  // makes replicas that share a buffer's bytes
   std::shared_ptr<const detail::Allocation> allocation_;
 };
 

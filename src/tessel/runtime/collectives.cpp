@@ -1,6 +1,7 @@
 #include "tessel/runtime/collectives.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -80,6 +81,17 @@ Array group_exchange(const Array& x, const NamedSharding& target,
   detail::ArrayBuilder b(x.runtime(), x.shape(), x.dtype(), target, x.label());
   const Mesh& mesh = x.mesh();
   b.share_unchanged(x);
+  // Members of a group that receive the same box receive the same bytes: stored once. (Not across
+  // groups: a partial sum over other axes differs from group to group.)
+  for (const auto& group : mesh.subgroups(axes))
+    for (size_t k = 0; k < group.size(); ++k)
+      for (size_t f = 0; f < k; ++f) {
+        auto i = static_cast<size_t>(mesh.position(group[k])), first = static_cast<size_t>(mesh.position(group[f]));
+        if (b.addressable(i) && b.addressable(first) && b.shard(i).box == b.shard(first).box) {
+          b.share_replica(i, first);
+          break;
+        }
+      }
   b.allocate_all();
   std::vector<CopyTask> tasks;
   for (const auto& group : mesh.subgroups(axes)) {
@@ -92,7 +104,7 @@ Array group_exchange(const Array& x, const NamedSharding& target,
         Box region = out.intersect(s.box);
         covered += region.volume();
         if (!b.is_shared(i) && !region.empty())
-          tasks.push_back(CopyTask{m, s.buffer.data(), s.box, d, b.data(i), out, std::move(region)});
+          tasks.push_back(CopyTask{m, s.buffer.data(), s.box, d, b.data(i), out, std::move(region), b.is_replica(i)});
       }
       if (covered != out.volume())
         throw ValueError(fmt::format(
@@ -201,9 +213,21 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes, Reduction
 
   // Over a flat view of the block, member j reduces the j-th 1/n piece and sends it to the
   // others: every device receives 2 (n - 1) / n of the block, the lower bound, in one pass.
+  // The members of a group hold one result: in this process they share its bytes.
   detail::ArrayBuilder b(x.runtime(), x.shape(), x.dtype(), x.sharding(), x.label());
-  b.allocate_all();
   const Mesh& mesh = x.mesh();
+  for (const auto& group : mesh.subgroups(axes)) {
+    std::optional<size_t> first;
+    for (int64_t m : group) {
+      auto i = static_cast<size_t>(mesh.position(m));
+      if (!b.addressable(i)) continue;
+      if (first)
+        b.share_replica(i, *first);
+      else
+        first = i;
+    }
+  }
+  b.allocate_all();
   std::vector<ReduceTask> tasks;
   for (const auto& group : mesh.subgroups(axes)) {
     const int64_t volume = x.shard(group.front()).box.volume();

@@ -61,6 +61,12 @@ void run_tasks(WorkerPool& pool, std::span<const Task> tasks, size_t item, const
 
 }  // namespace
 
+bool repeats_an_output(const ReduceTask& task, size_t k) {
+  for (size_t j = 0; j < k; ++j)
+    if (task.outputs[j].second == task.outputs[k].second) return true;
+  return false;
+}
+
 std::string_view name(Reduction op) {
   switch (op) {
     case Reduction::kSum: return "sum";
@@ -98,7 +104,10 @@ void InProcessCommunicator::copy(std::span<const CopyTask> tasks, DType dtype) {
         std::memcpy(dst, src, static_cast<size_t>(n * isize));
     });
   };
-  run_tasks(pool_, tasks, item, run);
+  std::vector<CopyTask> writes;
+  for (const CopyTask& t : tasks)
+    if (!t.replica) writes.push_back(t);
+  run_tasks(pool_, std::span<const CopyTask>(writes), item, run);
 }
 
 void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtype, Reduction op) {
@@ -116,7 +125,8 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
                                      "in this process", device));
       if (device != owner) devices_.at(static_cast<size_t>(owner))->add_received(bytes);
     }
-    for (const auto& [device, data] : t.outputs) {
+    for (size_t k = 0; k < t.outputs.size(); ++k) {
+      const auto& [device, data] = t.outputs[k];
       if (!data)
         throw ValueError(fmt::format("reduce task into device {}: the buffer is not addressable "
                                      "in this process", device));
@@ -128,7 +138,8 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
   constexpr int64_t kSlice = 4096;
   int64_t written = 0;
   for (const ReduceTask& t : tasks)
-    written += t.region.volume() * isize * static_cast<int64_t>(t.outputs.size());
+    for (size_t k = 0; k < t.outputs.size(); ++k)
+      if (!repeats_an_output(t, k)) written += t.region.volume() * isize;
   const bool stream = written > kStreamBytes;
   auto run = [&](const ReduceTask& t, const Box& region) {
     std::vector<const std::byte*> in(t.inputs.size());
@@ -144,6 +155,7 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
         std::byte* sum = stream ? scratch.data() : t.outputs.front().second + at;
         detail::reduce_run(dtype, op, in.data(), in.size(), sum, m);
         for (size_t k = stream ? 0 : 1; k < t.outputs.size(); ++k) {
+          if (repeats_an_output(t, k)) continue;
           if (stream)
             detail::stream_copy(t.outputs[k].second + at, sum, bytes);
           else

@@ -37,11 +37,15 @@ struct CopyTask {
   std::byte* dst = nullptr;
   Box dst_box;
   Box region;
+  // The destination is a replica sharing the bytes another task writes (replicas stored once in
+  // one process): the traffic is counted, nothing is copied.
+  bool replica = false;
 };
 
 // out[region] = op over inputs, in order, of input[region], for every output: the first output's
 // device computes it and sends it to the others (an all-reduce piece in one pass). Every input
-// holds `in_box`, every output `out_box`. Float16 and bfloat16 accumulate in float32 and round
+// holds `in_box`, every output `out_box`. Outputs of one process may share a buffer (replicas
+// stored once): it is written once. Float16 and bfloat16 accumulate in float32 and round
 // once; integer sums wrap; mean divides the sum by the number of inputs; max and min propagate
 // NaN.
 struct ReduceTask {
@@ -51,6 +55,9 @@ struct ReduceTask {
   Box out_box;
   Box region;
 };
+
+// Whether output k of the task has the buffer of an earlier output (the bytes are written there).
+bool repeats_an_output(const ReduceTask& task, size_t k);
 
 class Communicator {
  public:

@@ -112,50 +112,65 @@ std::string Device::out_of_memory_message(int64_t bytes, const std::string& labe
       holders.empty() ? "" : " by ", holders);
 }
 
-std::byte* Device::allocate(int64_t bytes, const std::string& label) {
-  if (bytes < 0) throw ValueError(fmt::format("device {}: negative allocation size {}", id_, bytes));
-  if (bytes == 0) return nullptr;
-  std::byte* data = nullptr;
-  const int64_t size = rounded(bytes);
-  {
-    std::lock_guard lock(mu_);
-    if (stats_.limit) {
-      if (stats_.in_use + stats_.cached + bytes > *stats_.limit) trim_cache(0);
-      if (stats_.in_use + bytes > *stats_.limit)
-        throw OutOfMemoryError(id_, bytes, out_of_memory_message(bytes, label));
-    }
-    if (auto it = cache_.find(size); it != cache_.end()) {
-      data = it->second;
-      stats_.cached -= size;
-      cache_.erase(it);
-    }
-    stats_.in_use += bytes;
-    stats_.peak = std::max(stats_.peak, stats_.in_use);
-    stats_.buffers += 1;
-    MemoryHolder& h = holders_[label];
-    h.label = label;
-    h.bytes += bytes;
-    h.buffers += 1;
+void Device::charge_locked(int64_t bytes, const std::string& label) {
+  if (stats_.limit) {
+    if (stats_.in_use + stats_.cached + bytes > *stats_.limit) trim_cache(0);
+    if (stats_.in_use + bytes > *stats_.limit)
+      throw OutOfMemoryError(id_, bytes, out_of_memory_message(bytes, label));
   }
-  if (!data) data = allocate_block(size);
-  if (!data) {
-    deallocate(nullptr, bytes, label);
-    throw OutOfMemoryError(id_, bytes, fmt::format("device {}: the host has no memory left for {} "
-                                                   "for {}", id_, text_util::format_bytes(bytes), label));
-  }
-  return data;
+  MemoryHolder& h = holders_[label];
+  h.label = label;
+  h.bytes += bytes;
+  h.buffers += 1;
+  stats_.in_use += bytes;
+  stats_.peak = std::max(stats_.peak, stats_.in_use);
+  stats_.buffers += 1;
 }
 
-void Device::deallocate(std::byte* data, int64_t bytes, const std::string& label) noexcept {
-  if (bytes == 0) return;
-  const int64_t size = rounded(bytes);
-  std::lock_guard lock(mu_);
+void Device::uncharge_locked(int64_t bytes, const std::string& label) {
   stats_.in_use -= bytes;
   stats_.buffers -= 1;
   auto it = holders_.find(label);
   if (it != holders_.end() && (it->second.bytes -= bytes, --it->second.buffers == 0))
     holders_.erase(it);
+}
+
+void Device::charge(int64_t bytes, const std::string& label) {
+  if (bytes < 0) throw ValueError(fmt::format("device {}: negative allocation size {}", id_, bytes));
+  if (bytes == 0) return;
+  std::lock_guard lock(mu_);
+  charge_locked(bytes, label);
+}
+
+void Device::uncharge(int64_t bytes, const std::string& label) noexcept {
+  if (bytes == 0) return;
+  std::lock_guard lock(mu_);
+  uncharge_locked(bytes, label);
+}
+
+std::byte* Device::take_block(int64_t bytes, const std::string& label) {
+  if (bytes <= 0) return nullptr;
+  const int64_t size = rounded(bytes);
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = cache_.find(size); it != cache_.end()) {
+      std::byte* data = it->second;
+      stats_.cached -= size;
+      cache_.erase(it);
+      return data;
+    }
+  }
+  std::byte* data = allocate_block(size);
+  if (!data)
+    throw OutOfMemoryError(id_, bytes, fmt::format("device {}: the host has no memory left for {} "
+                                                   "for {}", id_, text_util::format_bytes(bytes), label));
+  return data;
+}
+
+void Device::return_block(std::byte* data, int64_t bytes) noexcept {
   if (!data) return;
+  const int64_t size = rounded(bytes);
+  std::lock_guard lock(mu_);
   // Keep at most as much cached as the device has ever needed at once (reserved <= 2 x peak).
   bool fits = !stats_.limit || stats_.in_use + stats_.cached + size <= *stats_.limit;
   if (size >= kCacheMin && fits && stats_.cached + size <= stats_.peak) {
@@ -167,6 +182,21 @@ void Device::deallocate(std::byte* data, int64_t bytes, const std::string& label
     }
   }
   std::free(data);
+}
+
+std::byte* Device::allocate(int64_t bytes, const std::string& label) {
+  charge(bytes, label);
+  try {
+    return take_block(bytes, label);
+  } catch (...) {
+    uncharge(bytes, label);
+    throw;
+  }
+}
+
+void Device::deallocate(std::byte* data, int64_t bytes, const std::string& label) noexcept {
+  uncharge(bytes, label);
+  return_block(data, bytes);
 }
 
 void Device::add_received(int64_t bytes) {

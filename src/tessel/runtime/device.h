@@ -24,7 +24,9 @@ struct MemoryStats {
   int64_t buffers = 0;  // live buffers (of non-zero size)
   int64_t cached = 0;   // freed blocks kept for reuse (not in use, counted against the limit)
   std::optional<int64_t> limit;
-  int64_t bytes_received = 0;  // bytes copied here from other devices, ever
+  // Bytes that reached this device from other devices, ever: the traffic a real device would
+  // see, counted also where a replica shares another local replica's memory and nothing moved.
+  int64_t bytes_received = 0;
 };
 
 // Live memory grouped by the label of the arrays that hold it.
@@ -56,11 +58,21 @@ class Device {
   // nullptr and charges nothing. Throws OutOfMemoryError.
   std::byte* allocate(int64_t bytes, const std::string& label);
   void deallocate(std::byte* data, int64_t bytes, const std::string& label) noexcept;
+  // allocate and deallocate in two halves, for buffers of several devices that share one block
+  // of memory (replicas in one process): the accounts (charged like an allocation, limit
+  // included; throws OutOfMemoryError) and the memory (from and back to this device's cache;
+  // `label` only names a failure).
+  void charge(int64_t bytes, const std::string& label);
+  void uncharge(int64_t bytes, const std::string& label) noexcept;
+  std::byte* take_block(int64_t bytes, const std::string& label);
+  void return_block(std::byte* data, int64_t bytes) noexcept;
   // Traffic accounting by the Communicator.
   void add_received(int64_t bytes);
 
  private:
   std::string out_of_memory_message(int64_t bytes, const std::string& label) const;
+  void charge_locked(int64_t bytes, const std::string& label);
+  void uncharge_locked(int64_t bytes, const std::string& label);
   void trim_cache(int64_t keep);  // frees cached blocks until at most `keep` bytes stay cached
 
   const int64_t id_;

@@ -303,7 +303,9 @@ class MpiCommunicator final : public Communicator {
       } else if (to == rank_) {
         need(t.dst, t.dst_device);
         device(t.dst_device).add_received(bytes);
-        if (auto at = contiguous_offset(t.region, t.dst_box)) {
+        if (t.replica) {  // the sender cannot know that the bytes are already on their way here
+          x.receive(from, scratch_.take(bytes));
+        } else if (auto at = contiguous_offset(t.region, t.dst_box)) {
           x.receive(from, {t.dst + *at * static_cast<int64_t>(item), static_cast<size_t>(bytes)});
         } else {
           staged.emplace_back(&t, scratch_.take(bytes));
@@ -379,7 +381,8 @@ class MpiCommunicator final : public Communicator {
       const auto& [first_dev, first] = t.outputs.front();
       const int owner = process(first_dev);
       const int64_t bytes = t.region.volume() * static_cast<int64_t>(item);
-      for (const auto& [dev, data] : t.outputs) {
+      for (size_t k = 0; k < t.outputs.size(); ++k) {
+        const auto& [dev, data] = t.outputs[k];
         const int p = process(dev);
         if (p == owner) continue;
         if (owner == rank_) {
@@ -387,7 +390,10 @@ class MpiCommunicator final : public Communicator {
         } else if (p == rank_) {
           need(data, dev);
           device(dev).add_received(bytes);
-          if (auto at = contiguous_offset(t.region, t.out_box)) {
+          // The sender cannot see that replicas here share a buffer: a repeat lands in scratch.
+          if (repeats_an_output(t, k)) {
+            scatter.receive(owner, scratch_.take(bytes));
+          } else if (auto at = contiguous_offset(t.region, t.out_box)) {
             scatter.receive(owner, {data + *at * static_cast<int64_t>(item), static_cast<size_t>(bytes)});
           } else {
             staged.emplace_back(&t, data, scratch_.take(bytes));

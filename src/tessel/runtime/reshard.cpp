@@ -145,6 +145,8 @@ Array reshard(const Array& array, const NamedSharding& target) {
   plan_transfers(array.sharding(), target, array.shape(), array.dtype(), transfers, traffic);
   detail::ArrayBuilder b(array.runtime(), array.shape(), array.dtype(), target, array.label());
   b.share_unchanged(array);
+  // Replicas are equal (a reshard copies any one of them), so local ones are stored once.
+  b.share_local_replicas();
   b.allocate_all();
   std::vector<CopyTask> tasks;
   tasks.reserve(transfers.size());
@@ -154,7 +156,7 @@ Array reshard(const Array& array, const NamedSharding& target) {
     if (b.is_shared(i)) continue;
     const Shard& s = array.shard(tr.src_device);
     tasks.push_back(CopyTask{tr.src_device, s.buffer.data(), s.box, tr.dst_device, b.data(i),
-                             b.shard(i).box, tr.region});
+                             b.shard(i).box, tr.region, b.is_replica(i)});
   }
   array.runtime().communicator().copy(tasks, array.dtype());
   return std::move(b).finish();

@@ -70,29 +70,11 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
 Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                           const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
+  builder.share_local_replicas();
   builder.allocate_all();
-  const std::vector<tessel::detail::ArrayBuilder::LocalBlock> blocks = builder.local_blocks();
   std::vector<size_t> first;
-  for (const auto& block : blocks) first.push_back(block.first);
+  for (const auto& block : builder.local_blocks()) first.push_back(block.first);
   run_blocks(rt, builder, first, fn);
-  // The copies in pieces of about 2 MiB, so every core has work.
-  constexpr int64_t kPiece = int64_t{2} << 20;
-  struct Piece {
-    std::byte* dst;
-    const std::byte* src;
-    int64_t bytes;
-  };
-  std::vector<Piece> pieces;
-  for (const auto& block : blocks) {
-    const int64_t bytes = builder.shard(block.first).box.volume() * static_cast<int64_t>(item_size(dtype));
-    for (size_t to : block.replicas)
-      for (int64_t at = 0; at < bytes; at += kPiece)
-        pieces.push_back({builder.data(to) + at, builder.data(block.first) + at, std::min(kPiece, bytes - at)});
-  }
-  rt.pool().parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
-    const Piece& p = pieces[static_cast<size_t>(i)];
-    std::memcpy(p.dst, p.src, static_cast<size_t>(p.bytes));
-  });
   return std::move(builder).finish();
 }
 

@@ -16,8 +16,8 @@ namespace tessel::ops::detail {
 Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
 // The same for values whose replicas are equal by construction (an optimizer's update of reduced
-// gradients): fn writes one block per distinct box in this process, the other replicas of that
-// block get copies. Never for partial sums, whose replicas differ until reduced.
+// gradients): fn writes one block per distinct box in this process, which the other local
+// replicas of that block share. Never for partial sums, whose replicas differ until reduced.
 Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                           const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
 

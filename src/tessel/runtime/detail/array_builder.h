@@ -1,7 +1,9 @@
 // Internal (not installed): assembles a new Array. Boxes come from the sharding; each addressable
 // shard either gets a fresh buffer (allocate_all) that the caller fills through data(), or shares
-// a buffer of the source array holding the same box (share_unchanged), which copies nothing. The
-// result skips the public constructor's checks: it is correct by construction.
+// a buffer of the source array holding the same box (share_unchanged), which copies nothing, or
+// is marked a replica of another local shard (share_replica) and gets a buffer of its own device
+// holding the other's bytes: written once, stored once. The result skips the public constructor's
+// checks: it is correct by construction.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +26,18 @@ class ArrayBuilder {
   // Shards whose device holds the same box in `source` share its buffer.
   void share_unchanged(const Array& source);
   bool is_shared(size_t i) const { return shards_[i].buffer.valid(); }
-  // Allocates every addressable shard not shared. Throws OutOfMemoryError.
+  // Shard i (addressable, same box) will hold shard `of`'s bytes: only for blocks whose values are
+  // equal by construction (never partial sums). Before allocate_all.
+  void share_replica(size_t i, size_t of);
+  // share_replica for the other local replicas of every block, onto its first local holder.
+  void share_local_replicas();
+  // Allocates every addressable shard not shared; replicas get their own account on the bytes
+  // of the shard they replicate. Throws OutOfMemoryError.
   void allocate_all();
+  bool is_replica(size_t i) const { return replica_of_[i] != kNone; }
+  // Whether the caller writes shard i: addressable, neither shared nor a replica.
+  bool fills(size_t i) const { return addressable_[i] && !is_shared(i) && !is_replica(i); }
+  // Where shard i's bytes are (a replica's are its original's); null before allocate_all.
   std::byte* data(size_t i) const { return allocations_[i] ? allocations_[i]->data() : nullptr; }
   // Each non-empty block this process holds: its first addressable holder and the other local
   // replicas (shard indices), for filling a block once and copying it.
@@ -45,6 +57,8 @@ class ArrayBuilder {
   std::vector<Shard> shards_;
   std::vector<bool> addressable_;
   std::vector<std::shared_ptr<Allocation>> allocations_;
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> replica_of_;  // kNone, or the shard whose bytes shard i shares
 };
 
 }  // namespace tessel::detail
