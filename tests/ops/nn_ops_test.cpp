@@ -263,6 +263,54 @@ TEST(NnOps, ReshapeTransposeAndIndexMoveShardsWithTheirDimensions) {
   EXPECT_THROW(ops::index(t, 1, 3), ValueError);
 }
 
+// A scan reads layer l of a stacked parameter with index(); grad() places the gradients of all
+// slices of one tensor with a single index_put_all: the same values as placing each slice in a
+// zero-filled tensor and adding them, repeated and unused layers included.
+TEST(NnOps, GradientsOfIndexedSlicesArePlacedTogether) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(31);
+  for (int iter = 0; iter < 12; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    SCOPED_TRACE(mesh.to_string());
+    const int64_t b = 2 + iter % 3, layers = 3 + iter % 2, h = 4;
+    const Host x = random_host(rng, {b, layers, h});
+    const Tensor t = put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 3)));
+    std::vector<std::pair<int64_t, Tensor>> pieces;
+    for (int64_t l : {int64_t{0}, layers - 1, int64_t{0}}) pieces.emplace_back(l, ops::index(t, 1, l));
+    // index_put_all equals index_put per piece, added in order, bit for bit.
+    const Tensor together = ops::index_put_all(t.shape(), 1, pieces);
+    Tensor apart;
+    for (const auto& [l, g] : pieces) {
+      const Tensor one = ops::index_put(g, t.shape(), 1, l);
+      apart = apart.defined() ? ops::add(apart, one) : one;
+    }
+    EXPECT_EQ(together.sharding(), apart.sharding());
+    EXPECT_EQ(values(together), values(apart));
+    if (iter < 6) {
+      // Layer 0 twice, layer 1 unused, the whole tensor once more; then with one slice's
+      // gradient on another sharding (placed apart).
+      for (bool resharded : {false, true}) {
+        check_gradient(rt, rng, mesh, {x}, [&](const std::vector<Tensor>& in) {
+          const Tensor& s = in[0];
+          Tensor y = ops::mul(ops::index(s, 1, 0), ops::index(s, 1, layers - 1));
+          y = ops::add(y, ops::index(s, 1, 0));
+          const Tensor two = ops::index(s, 1, 2);
+          y = ops::add(y, resharded ? ops::with_sharding_constraint(two, PartitionSpec{{}, {mesh.axis_names().front()}}) : two);
+          return ops::add(ops::broadcast_like(ops::reshape(y, Shape{b, 1, h}), s), s);
+        });
+      }
+    }
+  }
+  Runtime one = Runtime::host(1);
+  const Mesh m1 = Mesh::parse("data=1");
+  const Tensor a = put(one, random_host(rng, {2, 3}), NamedSharding(m1, {}));
+  EXPECT_THAT([&] { ops::index_put_all(Shape{2, 4, 3}, 1, {{4, a}}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("no element 4")));
+  EXPECT_THAT([&] { ops::index_put_all(Shape{2, 4, 5}, 1, {{0, a}}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("is not a slice of")));
+  EXPECT_THROW(ops::index_put_all(Shape{2, 4, 3}, 1, {}), ValueError);
+}
+
 TEST(NnOps, CausalMaskRopeAndCast) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(26);

@@ -36,6 +36,36 @@ Tensor filled(const Tensor& like, const Shape& shape, const NamedSharding& shard
                                        }));
 }
 
+struct Piece {
+  Shape shape;  // of the indexed tensor
+  size_t dim;
+  int64_t index;
+  Tensor grad;
+};
+using Pieces = std::vector<Piece>;
+
+// The gradient of a tensor from the gradients of its index()ed slices, in arrival order: one
+// index_put_all when they agree in dimension, dtype and sharding (a scan's layers do), else each
+// placed and added as index's own backward would.
+Tensor place(const Pieces& list) {
+  const Piece& first = list.front();
+  bool together = true;
+  for (const Piece& p : list)
+    together = together && p.dim == first.dim && p.grad.dtype() == first.grad.dtype() &&
+               p.grad.sharding() == first.grad.sharding() && p.grad.partial() == first.grad.partial();
+  if (together) {
+    std::vector<std::pair<int64_t, Tensor>> at;
+    for (const Piece& p : list) at.emplace_back(p.index, p.grad);
+    return index_put_all(first.shape, first.dim, at);
+  }
+  Tensor sum;
+  for (const Piece& p : list) {
+    Tensor one = index_put(p.grad, p.shape, p.dim, p.index);
+    sum = sum.defined() ? add(sum, one) : one;
+  }
+  return sum;
+}
+
 }  // namespace
 
 bool detail::recording() { return g_recording; }
@@ -68,11 +98,27 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt) {
   }
   NoRecord guard;
   std::unordered_map<detail::Node*, Tensor> grads;
+  // Gradients of index() slices, placed together once every consumer of the input has given its.
+  std::unordered_map<detail::Node*, Pieces> pieces;
+  auto settle = [&](detail::Node* node) {
+    auto p = pieces.find(node);
+    if (p == pieces.end()) return;
+    Tensor placed = place(p->second);
+    pieces.erase(p);
+    auto [slot, fresh] = grads.emplace(node, placed);
+    if (!fresh) slot->second = add(slot->second, placed);
+  };
   if (loss.node()) grads[loss.node().get()] = filled(loss, loss.shape(), NamedSharding(loss.mesh(), {}), 1.0);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     detail::Node* node = *it;
+    settle(node);
     auto g = grads.find(node);
     if (g == grads.end() || node->leaf || !node->backward) continue;
+    if (node->slice) {
+      const Tensor& x = node->inputs.front();
+      if (x.node()) pieces[x.node().get()].push_back({x.shape(), node->slice->dim, node->slice->index, g->second});
+      continue;
+    }
     const std::vector<Tensor> inputs_grads = node->backward(g->second);
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       detail::Node* child = node->inputs[i].node().get();
@@ -83,6 +129,7 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt) {
   }
   std::vector<Tensor> out;
   for (const Tensor& x : wrt) {
+    if (x.node()) settle(x.node().get());
     auto g = x.node() ? grads.find(x.node().get()) : grads.end();
     if (g == grads.end()) {
       out.push_back(filled(loss, x.shape(), x.sharding(), 0.0));

@@ -109,6 +109,10 @@ Tensor broadcast_like(const Tensor& x, const Tensor& like);
 Tensor index(const Tensor& x, size_t dim, int64_t i);
 // The gradient of index: `shape` filled with zeros, g at position i along `dim`.
 Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i);
+// The gradients of several index()es of one tensor in one pass: `shape` with each g at its i
+// along `dim` (summed in the given order where an i repeats), zeros elsewhere. Every g has the
+// same dtype, sharding and partial axes.
+Tensor index_put_all(const Shape& shape, size_t dim, const std::vector<std::pair<int64_t, Tensor>>& pieces);
 // Embedding lookup: table[vocab, embed], ids (i32/i64, any shape) -> [ids..., embed]. A table
 // split on vocab gives each device the rows it holds and a partial sum over the vocab axes.
 Tensor take(const Tensor& table, const Tensor& ids);

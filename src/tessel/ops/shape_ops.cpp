@@ -13,6 +13,7 @@
 #include "tessel/core/error.h"
 #include "tessel/ops/autodiff.h"
 #include "tessel/ops/detail/local.h"
+#include "tessel/ops/detail/node.h"
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/ops.h"
 #include "tessel/runtime/cast.h"
@@ -487,9 +488,11 @@ Tensor index(const Tensor& x, size_t dim, int64_t i) {
                         const std::byte* src = block(placed, device);
                         for (int64_t a = 0; a < outer; ++a) std::memcpy(o + a * inner, src + (a * n + i) * inner, inner);
                       });
-  return record(out, {x}, [shape = x.shape(), dim, i](const Tensor& g) {
+  Tensor recorded = record(out, {x}, [shape = x.shape(), dim, i](const Tensor& g) {
     return std::vector<Tensor>{index_put(g, shape, dim, i)};
   });
+  if (recorded.node()) recorded.node()->slice = detail::Node::Slice{dim, i};
+  return recorded;
 }
 
 Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i) {
@@ -515,6 +518,66 @@ Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i) {
                         for (int64_t a = 0; a < outer; ++a) std::memcpy(o + (a * n + i) * inner, src + a * inner, inner);
                       });
   return record(out, {g}, [dim, i](const Tensor& dy) { return std::vector<Tensor>{index(dy, dim, i)}; });
+}
+
+Tensor index_put_all(const Shape& shape, size_t dim, const std::vector<std::pair<int64_t, Tensor>>& pieces) {
+  if (pieces.empty()) throw ValueError("index_put_all: no gradients to place in " + shape.to_string());
+  const Tensor& g0 = pieces.front().second;
+  if (dim >= shape.rank()) throw ValueError("index_put_all: no dimension " + std::to_string(dim) + " in " + shape.to_string());
+  check_float(g0, "index_put_all");
+  std::vector<std::vector<const Tensor*>> at(static_cast<size_t>(shape[dim]));
+  std::vector<Tensor> inputs;
+  for (const auto& [i, g] : pieces) {
+    std::vector<int64_t> dims(g.shape().dims().begin(), g.shape().dims().end());
+    if (i < 0 || i >= shape[dim] || g.rank() + 1 != shape.rank())
+      throw ValueError("index_put_all: no element " + std::to_string(i) + " of " + g.to_string() + " along dimension " +
+                       std::to_string(dim) + " of " + shape.to_string());
+    dims.insert(dims.begin() + static_cast<std::ptrdiff_t>(dim), shape[dim]);
+    if (Shape(dims) != shape) throw ValueError("index_put_all: " + g.to_string() + " is not a slice of " + shape.to_string());
+    if (g.dtype() != g0.dtype() || !(g.sharding() == g0.sharding()) || g.partial() != g0.partial())
+      throw ValueError("index_put_all: " + g.to_string() + " and " + g0.to_string() + " differ in dtype or sharding");
+    at[static_cast<size_t>(i)].push_back(&g);
+    inputs.push_back(g);
+  }
+  Dims d = dims_of(g0.sharding(), g0.rank());
+  d.insert(d.begin() + static_cast<std::ptrdiff_t>(dim), DimSharding{});
+  const auto item = static_cast<int64_t>(item_size(g0.dtype()));
+  Tensor out = output(g0, shape, g0.dtype(), with_dims(g0.mesh(), d), g0.partial(),
+                      [&](int64_t device, const Box& box, std::byte* o) {
+                        if (box.volume() == 0) return;
+                        int64_t outer = 1, inner = 1;
+                        for (size_t k = 0; k < dim; ++k) outer *= box.extent(k);
+                        for (size_t k = dim + 1; k < box.rank(); ++k) inner *= box.extent(k);
+                        const int64_t n = box.extent(dim);
+                        // Slabs of `inner` elements, one per (outer index, position along dim).
+                        split_rows(outer * n, inner, [&](int64_t lo, int64_t hi) {
+                          for (int64_t s = lo; s < hi; ++s) {
+                            const int64_t a = s / n, j = s % n;
+                            std::byte* dst = o + s * inner * item;
+                            const auto& list = at[static_cast<size_t>(j)];
+                            if (list.empty()) {
+                              std::memset(dst, 0, static_cast<size_t>(inner * item));
+                              continue;
+                            }
+                            std::memcpy(dst, block(*list[0], device) + a * inner * item, static_cast<size_t>(inner * item));
+                            for (size_t k = 1; k < list.size(); ++k) {
+                              dispatch_float(g0.dtype(), [&](auto zero) {
+                                using T = decltype(zero);
+                                T* y = reinterpret_cast<T*>(dst);
+                                const T* x = reinterpret_cast<const T*>(block(*list[k], device)) + a * inner;
+                                for (int64_t e = 0; e < inner; ++e) y[e] += x[e];
+                              });
+                            }
+                          }
+                        });
+                      });
+  std::vector<int64_t> where;
+  for (const auto& [i, g] : pieces) where.push_back(i);
+  return record(out, inputs, [dim, where](const Tensor& dy) {
+    std::vector<Tensor> grads;
+    for (int64_t i : where) grads.push_back(index(dy, dim, i));
+    return grads;
+  });
 }
 
 Tensor take(const Tensor& table_in, const Tensor& ids_in) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "tessel/ops/tensor.h"
@@ -15,6 +16,14 @@ struct Node {
   // Gradient of the output -> one gradient per input (undefined where an input needs none).
   std::function<std::vector<Tensor>(const Tensor& grad)> backward;
   bool leaf = false;  // a tensor the user asked gradients for
+  // Set by index(): the output is element `index` of the one input along `dim`. grad() then
+  // collects the gradients of all such slices of an input and places them with one index_put_all
+  // (a scan's L layers would otherwise each give a zero-filled stacked gradient, added L times).
+  struct Slice {
+    size_t dim = 0;
+    int64_t index = 0;
+  };
+  std::optional<Slice> slice;
 };
 
 }  // namespace tessel::ops::detail
