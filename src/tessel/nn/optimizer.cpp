@@ -35,14 +35,20 @@ Variable with_value(const Variable& v, std::string kind, Array value) {
   return out;
 }
 
-// A new array on x's layout, each device's block written by fn(device, count, out).
+// A new array on x's layout, each device's block written by fn(device, at, count, out) in
+// element ranges [at, at + count) (over the cores when the blocks are fewer than the cores; the
+// arithmetic is elementwise, so the split does not change a bit). `out` points at element at.
 template <class Fn>
 Array map_blocks(const Array& x, Fn fn) {
   // Parameters, their optimizer state and the reduced gradients hold equal replicas, so do the
-  // updates: one per distinct block, copied to the other replicas (data parallelism on one host
+  // updates: one per distinct block, shared by the other replicas (data parallelism on one host
   // would otherwise repeat the arithmetic once per device).
-  return ops::detail::compute_blocks_once(x.runtime(), x.shape(), x.dtype(), x.sharding(),
-                                          [&](int64_t device, const Box& box, std::byte* out) { fn(device, box.volume(), out); });
+  const auto item = static_cast<int64_t>(item_size(x.dtype()));
+  return ops::detail::compute_blocks_once(
+      x.runtime(), x.shape(), x.dtype(), x.sharding(), [&](int64_t device, const Box& box, std::byte* out) {
+        ops::detail::split_range(box.volume(), int64_t{1} << 14,
+                                 [&](int64_t lo, int64_t hi) { fn(device, lo, hi - lo, out + lo * item); });
+      });
 }
 
 template <class Fn>
@@ -78,7 +84,7 @@ State init_optimizer(const OptimizerConfig& config, const State& params) {
         return;
       }
       const Array& p = v.array(path);
-      Array z = map_blocks(p, [&](int64_t, int64_t n, std::byte* o) {
+      Array z = map_blocks(p, [&](int64_t, int64_t, int64_t n, std::byte* o) {
         std::memset(o, 0, static_cast<size_t>(n) * item_size(p.dtype()));
       });
       out.insert(at, Variable(kOptState, std::move(z), v.partitioning()));
@@ -160,21 +166,21 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
     check_same_layout(p, g, "the gradient of '" + path + "'");
     dispatch(p.dtype(), path, [&](auto zero) {
       using T = decltype(zero);
-      auto in = [](const Array& a, int64_t device) { return reinterpret_cast<const T*>(block(a, device)); };
+      auto in = [](const Array& a, int64_t device, int64_t at) { return reinterpret_cast<const T*>(block(a, device)) + at; };
       if (adam) {
         const Array& mu = opt_state.at(mu_path(path)).array(mu_path(path));
         const Array& nu = opt_state.at(nu_path(path)).array(nu_path(path));
         check_same_layout(p, mu, mu_path(path));
         check_same_layout(p, nu, nu_path(path));
         constexpr bool f32 = std::is_same_v<T, float>;
-        Array mu2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
-          const T *m = in(mu, d), *gr = in(g, d);
+        Array mu2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
+          const T *m = in(mu, d, at), *gr = in(g, d, at);
           T* out = reinterpret_cast<T*>(o);
           if constexpr (f32) return detail::adam_mu_f32(c.b1, (1 - c.b1) * clip, m, gr, out, n);
           for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(c.b1 * m[i] + (1 - c.b1) * clip * gr[i]);
         });
-        Array nu2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
-          const T *m = in(nu, d), *gr = in(g, d);
+        Array nu2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
+          const T *m = in(nu, d, at), *gr = in(g, d, at);
           T* out = reinterpret_cast<T*>(o);
           if constexpr (f32) return detail::adam_nu_f32(c.b2, 1 - c.b2, clip, m, gr, out, n);
           for (int64_t i = 0; i < n; ++i) {
@@ -182,8 +188,8 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
             out[i] = static_cast<T>(c.b2 * m[i] + (1 - c.b2) * gc * gc);
           }
         });
-        Array p2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
-          const T *x = in(p, d), *m = in(mu2, d), *s = in(nu2, d);
+        Array p2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
+          const T *x = in(p, d, at), *m = in(mu2, d, at), *s = in(nu2, d, at);
           T* out = reinterpret_cast<T*>(o);
           if constexpr (f32) return detail::adam_param_f32(lr, bc1, bc2, c.eps, c.weight_decay, x, m, s, out, n);
           for (int64_t i = 0; i < n; ++i) {
@@ -197,21 +203,21 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
       } else if (momentum) {
         const Array& mu = opt_state.at(mu_path(path)).array(mu_path(path));
         check_same_layout(p, mu, mu_path(path));
-        Array mu2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
-          const T *m = in(mu, d), *gr = in(g, d);
+        Array mu2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
+          const T *m = in(mu, d, at), *gr = in(g, d, at);
           T* out = reinterpret_cast<T*>(o);
           for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(clip * gr[i] + c.momentum * m[i]);
         });
-        Array p2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
-          const T *x = in(p, d), *m = in(mu2, d);
+        Array p2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
+          const T *x = in(p, d, at), *m = in(mu2, d, at);
           T* out = reinterpret_cast<T*>(o);
           for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(x[i] - lr * m[i]);
         });
         opt_state.replace(mu_path(path), with_value(opt_state.at(mu_path(path)), kOptState, std::move(mu2)));
         params.replace(path, with_value(v, v.kind(), std::move(p2)));
       } else {
-        Array p2 = map_blocks(p, [&](int64_t d, int64_t n, std::byte* o) {
-          const T *x = in(p, d), *gr = in(g, d);
+        Array p2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
+          const T *x = in(p, d, at), *gr = in(g, d, at);
           T* out = reinterpret_cast<T*>(o);
           for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(x[i] - lr * clip * gr[i]);
         });
