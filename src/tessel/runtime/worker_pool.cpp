@@ -1,10 +1,29 @@
 #include "tessel/runtime/worker_pool.h"
 
 #include <atomic>
+#include <chrono>
 
 namespace tessel {
 namespace {
 thread_local bool t_in_pool = false;  // set while a thread runs a job's tasks
+
+// Ops come back to back, a few microseconds apart, and waking a sleeping thread takes longer than
+// that: before sleeping, a worker waits this long for the next job, and the caller this long for
+// the workers to finish, polling.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+template <class Ready>
+void spin_until(const Ready& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 1; !ready(); ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > deadline) return;
+  }
+}
 }  // namespace
 
 struct WorkerPool::Job {
@@ -24,6 +43,7 @@ WorkerPool::~WorkerPool() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    posted_.store(~uint64_t{0});
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -47,6 +67,7 @@ void WorkerPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
     Job* job;
+    spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -88,11 +109,13 @@ void WorkerPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     std::lock_guard lock(mu_);
     job_ = &job;
     ++generation_;
+    posted_.store(generation_, std::memory_order_release);
   }
   wake_.notify_all();
   run(job);
   {
     // The job lives on this stack: wait until no worker is still inside it.
+    spin_until([&] { return busy_.load(std::memory_order_acquire) == 0; });
     std::unique_lock lock(mu_);
     job_ = nullptr;
     done_.wait(lock, [&] { return busy_ == 0; });

@@ -5,6 +5,7 @@
 //   pool.parallel_for(8, [&](int64_t i) { fill_shard(i); });   // returns when all 8 are done
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -42,7 +43,9 @@ class WorkerPool {
   std::condition_variable done_;
   Job* job_ = nullptr;
   uint64_t generation_ = 0;
-  int busy_ = 0;  // workers inside the current job
+  // Written under mu_; read without it only to spin before a wait that checks again under mu_.
+  std::atomic<uint64_t> posted_{0};  // generation_, or ~0 once stopping
+  std::atomic<int> busy_{0};         // workers inside the current job
   bool stop_ = false;
 };
 
