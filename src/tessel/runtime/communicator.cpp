@@ -146,6 +146,9 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
     // Streamed results are summed into a scratch slice that stays in L1, then streamed to every
     // output; otherwise into the first output, then copied from there.
     std::vector<std::byte> scratch(stream ? static_cast<size_t>(kSlice * isize) : 0);
+    std::vector<std::byte*> targets;  // each buffer once: replicas in one process may share one
+    for (size_t k = 0; k < t.outputs.size(); ++k)
+      if (!repeats_an_output(t, k)) targets.push_back(t.outputs[k].second);
     for_each_run(region, t.in_box, t.out_box, [&](int64_t s, int64_t d, int64_t n) {
       for (int64_t base = 0; base < n; base += kSlice) {
         const int64_t m = std::min(kSlice, n - base);
@@ -154,12 +157,11 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
         const int64_t at = (d + base) * isize;
         std::byte* sum = stream ? scratch.data() : t.outputs.front().second + at;
         detail::reduce_run(dtype, op, in.data(), in.size(), sum, m);
-        for (size_t k = stream ? 0 : 1; k < t.outputs.size(); ++k) {
-          if (repeats_an_output(t, k)) continue;
+        for (size_t k = stream ? 0 : 1; k < targets.size(); ++k) {
           if (stream)
-            detail::stream_copy(t.outputs[k].second + at, sum, bytes);
+            detail::stream_copy(targets[k] + at, sum, bytes);
           else
-            std::memcpy(t.outputs[k].second + at, sum, bytes);
+            std::memcpy(targets[k] + at, sum, bytes);
         }
       }
     });
