@@ -1,7 +1,8 @@
 // An Array is a global array placed on devices: global shape, dtype, NamedSharding, and one shard
 // per mesh device (its Box and a Buffer holding exactly that box, row-major). Each device holds
-// its own copy of a replicated block, as in JAX. Arrays are immutable values: copying one shares
-// the buffers; every operation returns a new Array.
+// its own buffer of a replicated block, as in JAX, charged to it; in one process the buffers of
+// equal replicas may share their bytes. Arrays are immutable values: copying one shares the
+// buffers; every operation returns a new Array.
 //
 // A shard of a device owned by another process is known by its Box, but its Buffer is invalid
 // (not addressable). Replicas are not checked for equality: a collective reads each device's own
