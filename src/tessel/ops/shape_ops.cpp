@@ -364,13 +364,24 @@ Tensor transpose(const Tensor& x, const std::vector<size_t>& perm) {
 
 namespace {
 
+// A row-major box seen along `dim`: `outer` runs of `n` slabs of `inner` elements each.
+struct AlongDim {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+AlongDim along(const Box& box, size_t dim) {
+  AlongDim a;
+  for (size_t k = 0; k < dim; ++k) a.outer *= box.extent(k);
+  a.n = box.extent(dim);
+  for (size_t k = dim + 1; k < box.rank(); ++k) a.inner *= box.extent(k);
+  return a;
+}
+
 // Copies `len` positions along `dim` from a block of extent n_src there (from src_off) into a
 // block of extent n_dst (at dst_off); both blocks alike in every other dimension (`box`).
 void copy_along(const Box& box, size_t dim, size_t item, const std::byte* src, int64_t n_src, int64_t src_off,
                 std::byte* dst, int64_t n_dst, int64_t dst_off, int64_t len) {
-  int64_t outer = 1, inner = static_cast<int64_t>(item);
-  for (size_t k = 0; k < dim; ++k) outer *= box.extent(k);
-  for (size_t k = dim + 1; k < box.rank(); ++k) inner *= box.extent(k);
+  const AlongDim s = along(box, dim);
+  const int64_t outer = s.outer, inner = s.inner * static_cast<int64_t>(item);
   if (len <= 0 || inner == 0) return;
   for (int64_t a = 0; a < outer; ++a)
     std::memcpy(dst + (a * n_dst + dst_off) * inner, src + (a * n_src + src_off) * inner, static_cast<size_t>(len * inner));
@@ -480,13 +491,10 @@ Tensor index(const Tensor& x, size_t dim, int64_t i) {
   Tensor out = output(placed, Shape(dims), x.dtype(), with_dims(x.mesh(), od), placed.partial(),
                       [&](int64_t device, const Box& box, std::byte* o) {
                         if (box.volume() == 0) return;
-                        const Box& xb = block_box(placed, device);
-                        int64_t outer = 1, inner = static_cast<int64_t>(item);
-                        for (size_t k = 0; k < dim; ++k) outer *= xb.extent(k);
-                        for (size_t k = dim + 1; k < xb.rank(); ++k) inner *= xb.extent(k);
-                        const int64_t n = xb.extent(dim);
+                        const AlongDim s = along(block_box(placed, device), dim);
+                        const int64_t inner = s.inner * static_cast<int64_t>(item);
                         const std::byte* src = block(placed, device);
-                        for (int64_t a = 0; a < outer; ++a) std::memcpy(o + a * inner, src + (a * n + i) * inner, inner);
+                        for (int64_t a = 0; a < s.outer; ++a) std::memcpy(o + a * inner, src + (a * s.n + i) * inner, inner);
                       });
   Tensor recorded = record(out, {x}, [shape = x.shape(), dim, i](const Tensor& g) {
     return std::vector<Tensor>{index_put(g, shape, dim, i)};
@@ -510,12 +518,10 @@ Tensor index_put(const Tensor& g, const Shape& shape, size_t dim, int64_t i) {
                       [&](int64_t device, const Box& box, std::byte* o) {
                         if (box.volume() == 0) return;
                         std::memset(o, 0, static_cast<size_t>(box.volume()) * item);
-                        int64_t outer = 1, inner = static_cast<int64_t>(item);
-                        for (size_t k = 0; k < dim; ++k) outer *= box.extent(k);
-                        for (size_t k = dim + 1; k < box.rank(); ++k) inner *= box.extent(k);
-                        const int64_t n = box.extent(dim);
+                        const AlongDim s = along(box, dim);
+                        const int64_t inner = s.inner * static_cast<int64_t>(item);
                         const std::byte* src = block(g, device);
-                        for (int64_t a = 0; a < outer; ++a) std::memcpy(o + (a * n + i) * inner, src + a * inner, inner);
+                        for (int64_t a = 0; a < s.outer; ++a) std::memcpy(o + (a * s.n + i) * inner, src + a * inner, inner);
                       });
   return record(out, {g}, [dim, i](const Tensor& dy) { return std::vector<Tensor>{index(dy, dim, i)}; });
 }
@@ -545,10 +551,8 @@ Tensor index_put_all(const Shape& shape, size_t dim, const std::vector<std::pair
   Tensor out = output(g0, shape, g0.dtype(), with_dims(g0.mesh(), d), g0.partial(),
                       [&](int64_t device, const Box& box, std::byte* o) {
                         if (box.volume() == 0) return;
-                        int64_t outer = 1, inner = 1;
-                        for (size_t k = 0; k < dim; ++k) outer *= box.extent(k);
-                        for (size_t k = dim + 1; k < box.rank(); ++k) inner *= box.extent(k);
-                        const int64_t n = box.extent(dim);
+                        const AlongDim slabs = along(box, dim);
+                        const int64_t outer = slabs.outer, n = slabs.n, inner = slabs.inner;
                         // Slabs of `inner` elements, one per (outer index, position along dim).
                         split_rows(outer * n, inner, [&](int64_t lo, int64_t hi) {
                           for (int64_t s = lo; s < hi; ++s) {

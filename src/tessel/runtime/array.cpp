@@ -114,6 +114,20 @@ void ArrayBuilder::share_local_replicas() {
   }
 }
 
+void ArrayBuilder::share_within(const std::vector<int64_t>& group) {
+  const Mesh& mesh = sharding_.mesh();
+  for (size_t k = 0; k < group.size(); ++k) {
+    const auto i = static_cast<size_t>(mesh.position(group[k]));
+    for (size_t f = 0; f < k; ++f) {
+      const auto first = static_cast<size_t>(mesh.position(group[f]));
+      if (addressable_[i] && addressable_[first] && shards_[i].box == shards_[first].box) {
+        share_replica(i, first);
+        break;
+      }
+    }
+  }
+}
+
 void ArrayBuilder::allocate_all() {
   const auto item = static_cast<int64_t>(item_size(dtype_));
   const std::string& charge = label_.empty() ? type_string(dtype_, shape_) : label_;

@@ -1,7 +1,6 @@
 #include "tessel/runtime/collectives.h"
 
 #include <algorithm>
-#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -83,15 +82,7 @@ Array group_exchange(const Array& x, const NamedSharding& target,
   b.share_unchanged(x);
   // Members of a group that receive the same box receive the same bytes: stored once. (Not across
   // groups: a partial sum over other axes differs from group to group.)
-  for (const auto& group : mesh.subgroups(axes))
-    for (size_t k = 0; k < group.size(); ++k)
-      for (size_t f = 0; f < k; ++f) {
-        auto i = static_cast<size_t>(mesh.position(group[k])), first = static_cast<size_t>(mesh.position(group[f]));
-        if (b.addressable(i) && b.addressable(first) && b.shard(i).box == b.shard(first).box) {
-          b.share_replica(i, first);
-          break;
-        }
-      }
+  for (const auto& group : mesh.subgroups(axes)) b.share_within(group);
   b.allocate_all();
   std::vector<CopyTask> tasks;
   for (const auto& group : mesh.subgroups(axes)) {
@@ -216,17 +207,7 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes, Reduction
   // The members of a group hold one result: in this process they share its bytes.
   detail::ArrayBuilder b(x.runtime(), x.shape(), x.dtype(), x.sharding(), x.label());
   const Mesh& mesh = x.mesh();
-  for (const auto& group : mesh.subgroups(axes)) {
-    std::optional<size_t> first;
-    for (int64_t m : group) {
-      auto i = static_cast<size_t>(mesh.position(m));
-      if (!b.addressable(i)) continue;
-      if (first)
-        b.share_replica(i, *first);
-      else
-        first = i;
-    }
-  }
+  for (const auto& group : mesh.subgroups(axes)) b.share_within(group);
   b.allocate_all();
   std::vector<ReduceTask> tasks;
   for (const auto& group : mesh.subgroups(axes)) {

@@ -31,6 +31,9 @@ class ArrayBuilder {
   void share_replica(size_t i, size_t of);
   // share_replica for the other local replicas of every block, onto its first local holder.
   void share_local_replicas();
+  // share_replica among the addressable members of `group` (device ids) with equal boxes, onto
+  // the first: for a collective's group, whose members receive equal bytes for equal boxes.
+  void share_within(const std::vector<int64_t>& group);
   // Allocates every addressable shard not shared; replicas get their own account on the bytes
   // of the shard they replicate. Throws OutOfMemoryError.
   void allocate_all();

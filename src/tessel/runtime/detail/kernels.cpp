@@ -17,7 +17,6 @@
 #include "tessel/core/half.h"
 #include "tessel/detail/vector_clones.h"
 
-
 namespace tessel::detail {
 namespace {
 
