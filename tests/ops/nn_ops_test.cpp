@@ -309,6 +309,10 @@ TEST(NnOps, GradientsOfIndexedSlicesArePlacedTogether) {
   EXPECT_THAT([&] { ops::index_put_all(Shape{2, 4, 5}, 1, {{0, a}}); },
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("is not a slice of")));
   EXPECT_THROW(ops::index_put_all(Shape{2, 4, 3}, 1, {}), ValueError);
+  EXPECT_THAT([&] { ops::index_put_all(Shape{2, 4, 3}, 1, {{0, a}, {1, ops::cast(a, DType::kF32)}}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("differ in dtype or sharding")));
+  EXPECT_THAT([&] { ops::index_put_all(Shape{2, 4, 3}, 3, {{0, a}}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("no dimension 3")));
 }
 
 TEST(NnOps, CausalMaskRopeAndCast) {
