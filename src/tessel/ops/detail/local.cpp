@@ -78,6 +78,37 @@ Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, co
   return std::move(builder).finish();
 }
 
+Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                              bool replicas_equal, const std::function<void(const std::vector<BlockTask>&)>& fn) {
+  tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
+  if (replicas_equal) builder.share_local_replicas();
+  builder.allocate_all();
+  std::vector<size_t> which;
+  if (replicas_equal) {
+    for (const auto& block : builder.local_blocks()) which.push_back(block.first);
+  } else {
+    which = addressable_blocks(builder);
+  }
+  std::vector<BlockTask> tasks;
+  for (size_t s : which) {
+    if (builder.shard(s).box.volume() > 0) tasks.push_back({builder.shard(s).device, builder.shard(s).box, builder.data(s)});
+  }
+  set_blas_threads(1);
+  if (g_spread_pool.load() != nullptr) {
+    fn(tasks);
+  } else {
+    g_spread_pool.store(&rt.pool());
+    try {
+      fn(tasks);
+    } catch (...) {
+      g_spread_pool.store(nullptr);
+      throw;
+    }
+    g_spread_pool.store(nullptr);
+  }
+  return std::move(builder).finish();
+}
+
 void set_blas_threads(int threads) {
   if (threads == g_blas_threads.load()) return;
   openblas_set_num_threads(threads);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "tessel/core/box.h"
 #include "tessel/runtime/array.h"
@@ -20,6 +21,18 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
 // replicas of that block share. Never for partial sums, whose replicas differ until reduced.
 Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                           const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
+
+// One block an op writes: the device, its box of the output and its bytes.
+struct BlockTask {
+  int64_t device;
+  Box box;
+  std::byte* out;
+};
+// compute_shards (or compute_blocks_once when `replicas_equal`) where a single fn call writes all
+// the blocks (products that share an operand across devices), on the launching thread with the
+// cores available to split_range.
+Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                              bool replicas_equal, const std::function<void(const std::vector<BlockTask>&)>& fn);
 
 // OpenBLAS's thread count (process-wide). Ops keep it at 1 and split work over the pool.
 void set_blas_threads(int threads);

@@ -63,6 +63,13 @@ Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSh
   return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), std::move(partial));
 }
 
+Tensor output_together(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                       Axes partial, const std::function<void(const std::vector<BlockTask>&)>& fn) {
+  if (like.is_abstract()) return Tensor::abstract(shape, dtype, sharding, std::move(partial));
+  Array a = detail::compute_blocks_together(like.shards().runtime(), shape, dtype, sharding, partial.empty(), fn);
+  return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), std::move(partial));
+}
+
 void check_float(const Tensor& t, const char* op) {
   if (t.dtype() != DType::kF32 && t.dtype() != DType::kF64) {
     throw ValueError(std::string(op) + " takes f32 or f64 tensors, not " + t.to_string());

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ops/detail/local.h"
 #include "tessel/ops/tensor.h"
 #include "tessel/sharding/partition_spec.h"
 
@@ -40,6 +41,11 @@ using BlockFn = std::function<void(int64_t device, const Box& box, std::byte* ou
 // An op's result: abstract when `like` is, else every device's block written by fn.
 Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding, Axes partial,
               const BlockFn& fn);
+
+// The same, with every block this process computes written by one call (see
+// compute_blocks_together).
+Tensor output_together(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                       Axes partial, const std::function<void(const std::vector<BlockTask>&)>& fn);
 
 void check_float(const Tensor& t, const char* op);
 // Two operands of one op: floating point, one dtype, one mesh.
