@@ -39,7 +39,11 @@ void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, float* out, int6
       const int64_t c0 = j * kNr, cols = std::min<int64_t>(kNr, n - c0);
       if (cols < kNr) std::memset(dst, 0, sizeof(float) * kc * kNr);
       if (!trans_b) {
-        for (int64_t p = 0; p < kc; ++p) std::memcpy(dst + p * kNr, b + (p0 + p) * ldb + c0, sizeof(float) * cols);
+        if (cols == kNr) {  // a constant size: two register moves, not a library call per row
+          for (int64_t p = 0; p < kc; ++p) std::memcpy(dst + p * kNr, b + (p0 + p) * ldb + c0, sizeof(float) * kNr);
+        } else {
+          for (int64_t p = 0; p < kc; ++p) std::memcpy(dst + p * kNr, b + (p0 + p) * ldb + c0, sizeof(float) * cols);
+        }
       } else {
         for (int64_t c = 0; c < cols; ++c) {
           const float* src = b + (c0 + c) * ldb + p0;
@@ -52,14 +56,16 @@ void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, float* out, int6
 
 // A tile's rows of A's k block as [p][kMr], the rows past `rows` zero: from the tile's first row
 // of A [m, k] (lda = k), or when trans_a from its first column of the stored A^T [k, m] (lda = m).
-void pack_a(bool trans_a, const float* a, int64_t lda, int64_t rows, int64_t p0, int64_t kc, float* out) {
+__attribute__((target("avx512f"))) void pack_a(bool trans_a, const float* a, int64_t lda, int64_t rows, int64_t p0,
+                                               int64_t kc, float* out) {
+  const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1), tile = (1u << kMr) - 1;
   for (int64_t p = 0; p < kc; ++p) {
     if (trans_a) {
-      std::memcpy(out + p * kMr, a + (p0 + p) * lda, sizeof(float) * rows);
+      _mm512_mask_storeu_ps(out + p * kMr, tile, _mm512_maskz_loadu_ps(valid, a + (p0 + p) * lda));
     } else {
       for (int64_t r = 0; r < rows; ++r) out[p * kMr + r] = a[r * lda + p0 + p];
+      for (int64_t r = rows; r < kMr; ++r) out[p * kMr + r] = 0.0f;
     }
-    for (int64_t r = rows; r < kMr; ++r) out[p * kMr + r] = 0.0f;
   }
 }
 
