@@ -1,0 +1,186 @@
+// Products of a tensor and a 2-D weight (dot, dot_nt, dot_tn): the sharding plan that moves the
+// fewest bytes, and the per-device GEMMs (OpenBLAS, or packed_gemm for many devices of few rows).
+#include <algorithm>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/ops/detail/local.h"
+#include "tessel/ops/detail/packed_gemm.h"
+#include "tessel/ops/detail/propagation.h"
+#include "tessel/ops/ops.h"
+
+namespace tessel::ops {
+namespace {
+
+using namespace detail;
+
+// out[..., n] = sum_k a[..., k] * B[k, n], B = b or b^T. `kk` splits k on both operands.
+struct DotPlan {
+  Dims a, b, out;
+  Axes partial;
+};
+
+DotPlan plan_dot(const Tensor& a, const Tensor& b, bool trans_b) {
+  const size_t ka = a.rank() - 1, kb = trans_b ? 1 : 0, nb = 1 - kb;
+  const Dims ad = dims_of(a.sharding(), a.rank()), bd = dims_of(b.sharding(), 2);
+  Dims lead(ad.begin(), ad.end() - 1);
+  const Axes used = all_axes(lead);
+  const DimSharding n_axes = minus(bd[nb], used);
+  Axes forbidden = united(used, n_axes);
+  auto usable = [&](const DimSharding& k) { return disjoint(k, forbidden) ? k : DimSharding{}; };
+  // Candidates for the split of k: a's, b's, none. Cost: bytes moved now plus, for a split k, the
+  // reduction of the partial result later (about twice the output block).
+  std::vector<DimSharding> candidates{usable(ad[ka]), usable(bd[kb]), {}};
+  int64_t out_block = static_cast<int64_t>(item_size(a.dtype())) * (b.shape()[nb] + blocks_of(a.mesh(), n_axes) - 1) /
+                      blocks_of(a.mesh(), n_axes);
+  for (size_t d = 0; d < ka; ++d) out_block *= (a.shape()[d] + blocks_of(a.mesh(), lead[d]) - 1) / blocks_of(a.mesh(), lead[d]);
+  DotPlan best;
+  int64_t best_cost = -1;
+  for (const auto& k : candidates) {
+    Dims na = ad, nbd = bd;
+    na[ka] = k;
+    nbd[kb] = k;
+    nbd[nb] = n_axes;
+    const int64_t cost = redistribution_bytes(a, ad, na) + redistribution_bytes(b, bd, nbd) + (k.empty() ? 0 : 2 * out_block);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      Dims out = lead;
+      out.push_back(n_axes);
+      best = {na, nbd, out, k};
+      std::sort(best.partial.begin(), best.partial.end());
+    }
+  }
+  return best;
+}
+
+// Whether an f32 product on a multi-device mesh runs packed_gemm: each device holds at most 128
+// rows of `a` (split as `dims`). Decided from the global shapes and shardings alone: every
+// process of a multi-process mesh takes the same kernel, so results stay bit-identical however
+// the devices are spread over processes. Measured on the 2-core VM with 64 rows per device
+// (DotReluDot on data=8), OpenBLAS packed the 16 MiB weights again in every call (28 ms of a
+// 165 ms step) and cleared each 16 MiB weight gradient before writing it; with 256 (the LM on
+// data=8) OpenBLAS's kernel is the faster one.
+bool few_rows_per_device(const Tensor& a, const Dims& dims) {
+  const Mesh& mesh = a.mesh();
+  if (a.dtype() != DType::kF32 || mesh.device_count() < 2 || !packed_gemm_supported()) return false;
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < a.rank(); ++d) rows *= (a.shape()[d] + blocks_of(mesh, dims[d]) - 1) / blocks_of(mesh, dims[d]);
+  return rows <= 128;
+}
+
+// Whether the devices' products share B blocks that packed_gemm packs once: B replicated over
+// several devices, few rows per device.
+bool shares_weight(const Tensor& a, const DotPlan& plan) {
+  return a.mesh().device_count() / blocks_of(a.mesh(), all_axes(plan.b)) >= 2 && few_rows_per_device(a, plan.a);
+}
+
+// Every block's product, the devices that hold the same B block multiplied together.
+void multiply_shared(const Tensor& a, const Tensor& b, bool trans_b, const std::vector<BlockTask>& blocks) {
+  struct Group {
+    int64_t device;  // one holder of the B block
+    std::vector<RowBlock> rows;
+  };
+  std::vector<Group> groups;
+  for (const BlockTask& t : blocks) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return block(b, g.device) == block(b, t.device); });
+    if (it == groups.end()) it = groups.insert(groups.end(), Group{t.device, {}});
+    const int64_t n = t.box.extent(t.box.rank() - 1);
+    it->rows.push_back({t.box.volume() / n, reinterpret_cast<const float*>(block(a, t.device)), reinterpret_cast<float*>(t.out)});
+  }
+  for (const Group& g : groups) {
+    const Box& bb = block_box(b, g.device);
+    const int64_t k = bb.extent(trans_b ? 1 : 0), n = bb.extent(trans_b ? 0 : 1);
+    packed_gemm(false, trans_b, k, n, reinterpret_cast<const float*>(block(b, g.device)), g.rows);
+  }
+}
+
+Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
+  const char* op = trans_b ? "dot_nt" : "dot";
+  check_operands(a_in, b_in, op);
+  const size_t kb = trans_b ? 1 : 0;
+  if (a_in.rank() < 1 || b_in.rank() != 2 || a_in.shape()[a_in.rank() - 1] != b_in.shape()[kb]) {
+    throw ValueError(std::string(op) + ": shapes do not contract: " + a_in.to_string() + " and " + b_in.to_string());
+  }
+  const Tensor a0 = reduce_raw(a_in, nullptr), b0 = reduce_raw(b_in, nullptr);
+  const DotPlan plan = plan_dot(a0, b0, trans_b);
+  const Tensor a = reshard_raw(a0, with_dims(a0.mesh(), plan.a));
+  const Tensor b = reshard_raw(b0, with_dims(b0.mesh(), plan.b));
+  std::vector<int64_t> out_dims(a.shape().dims().begin(), a.shape().dims().end() - 1);
+  out_dims.push_back(b.shape()[1 - kb]);
+  const Shape shape(out_dims);
+  if (shares_weight(a, plan)) {
+    return output_together(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
+                           [&](const std::vector<BlockTask>& blocks) { multiply_shared(a, b, trans_b, blocks); });
+  }
+  return output(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
+                [&](int64_t device, const Box& box, std::byte* out) {
+                  const Box& ab = block_box(a, device);
+                  const int64_t k = ab.extent(ab.rank() - 1);
+                  const int64_t m = box.volume() / std::max<int64_t>(box.extent(box.rank() - 1), 1);
+                  const int64_t n = box.extent(box.rank() - 1);
+                  if (box.volume() == 0) return;
+                  detail::gemm(a.dtype(), false, trans_b, m, n, k, block(a, device), block(b, device), out, false);
+                });
+}
+
+}  // namespace
+
+Tensor dot(const Tensor& a, const Tensor& b) {
+  return record(dot_impl(a, b, false), {a, b}, [a, b](const Tensor& g) {
+    return std::vector<Tensor>{needs(a) ? dot_nt(g, b) : Tensor(), needs(b) ? dot_tn(a, g) : Tensor()};
+  });
+}
+
+Tensor dot_nt(const Tensor& g, const Tensor& b) {
+  return record(dot_impl(g, b, true), {g, b}, [g, b](const Tensor& dy) {
+    return std::vector<Tensor>{needs(g) ? dot(dy, b) : Tensor(), needs(b) ? dot_tn(dy, g) : Tensor()};
+  });
+}
+
+Tensor dot_tn(const Tensor& a_in, const Tensor& g_in) {
+  check_operands(a_in, g_in, "dot_tn");
+  const size_t r = a_in.rank();
+  if (r < 1 || g_in.rank() != r ||
+      !std::equal(a_in.shape().dims().begin(), a_in.shape().dims().end() - 1, g_in.shape().dims().begin())) {
+    throw ValueError("dot_tn: leading dimensions differ: " + a_in.to_string() + " and " + g_in.to_string());
+  }
+  Tensor a = reduce_raw(a_in, nullptr), g = reduce_raw(g_in, nullptr);
+  const Dims ad = dims_of(a.sharding(), r), gd = dims_of(g.sharding(), r);
+  // Output [k, n]: k split like a's last dim, n like g's (minus what k uses); the leading
+  // dimensions are contracted where a splits them, and g follows a there.
+  const DimSharding k_axes = ad[r - 1];
+  const DimSharding n_axes = minus(gd[r - 1], k_axes);
+  const Axes forbidden = united(k_axes, n_axes);
+  Dims na = ad, ng = gd;
+  Axes partial;
+  for (size_t i = 0; i + 1 < r; ++i) {
+    const DimSharding lead = disjoint(ad[i], forbidden) ? ad[i] : (disjoint(gd[i], forbidden) ? gd[i] : DimSharding{});
+    na[i] = lead;
+    ng[i] = lead;
+    partial = united(partial, lead);
+  }
+  ng[r - 1] = n_axes;
+  // Leading dims chosen from g may clash with a's k axes only if a used them there: checked above.
+  a = reshard_raw(a, with_dims(a.mesh(), na));
+  g = reshard_raw(g, with_dims(g.mesh(), ng));
+  const Shape shape{a.shape()[r - 1], g.shape()[r - 1]};
+  const bool short_rows = few_rows_per_device(a, na);
+  Tensor out = output(a, shape, a.dtype(), with_dims(a.mesh(), {k_axes, n_axes}), partial,
+                      [&](int64_t device, const Box& box, std::byte* o) {
+                        const Box& ab = block_box(a, device);
+                        const int64_t rows = ab.volume() / std::max<int64_t>(ab.extent(r - 1), 1);
+                        if (box.volume() == 0) return;
+                        if (short_rows) {
+                          packed_gemm(true, false, rows, box.extent(1), reinterpret_cast<const float*>(block(g, device)),
+                                      {{box.extent(0), reinterpret_cast<const float*>(block(a, device)), reinterpret_cast<float*>(o)}});
+                          return;
+                        }
+                        detail::gemm(a.dtype(), true, false, box.extent(0), box.extent(1), rows, block(a, device),
+                                     block(g, device), o, false);
+                      });
+  return record(out, {a_in, g_in}, [a_in, g_in](const Tensor& dc) {
+    return std::vector<Tensor>{needs(a_in) ? dot_nt(g_in, dc) : Tensor(), needs(g_in) ? dot(a_in, dc) : Tensor()};
+  });
+}
+
+}  // namespace tessel::ops
