@@ -27,7 +27,8 @@ struct RowBlock {
 bool packed_gemm_supported();
 
 // C = A B for every block (C is overwritten), B [k, n] row-major, or [n, k] when trans_b.
-// Spread over the cores when called inside a spread region (see spread()). It also serves lone
+// Spread over the cores when called inside a spread region (see spread()). Scratch: one k block
+// of B packed at a time (1 MiB per 1024 columns of B), kept by the calling thread. It also serves lone
 // products of a short contraction into a large C (weight gradients of few rows per device):
 // C is written once, where OpenBLAS first clears it for beta = 0.
 void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const float* b, const std::vector<RowBlock>& blocks);
