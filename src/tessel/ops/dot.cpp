@@ -20,6 +20,11 @@ struct DotPlan {
   Axes partial;
 };
 
+// The largest block of a dimension of `extent` split over `axes`.
+int64_t block_extent(int64_t extent, const Mesh& mesh, const DimSharding& axes) {
+  return (extent + blocks_of(mesh, axes) - 1) / blocks_of(mesh, axes);
+}
+
 DotPlan plan_dot(const Tensor& a, const Tensor& b, bool trans_b) {
   const size_t ka = a.rank() - 1, kb = trans_b ? 1 : 0, nb = 1 - kb;
   const Dims ad = dims_of(a.sharding(), a.rank()), bd = dims_of(b.sharding(), 2);
@@ -31,9 +36,8 @@ DotPlan plan_dot(const Tensor& a, const Tensor& b, bool trans_b) {
   // Candidates for the split of k: a's, b's, none. Cost: bytes moved now plus, for a split k, the
   // reduction of the partial result later (about twice the output block).
   std::vector<DimSharding> candidates{usable(ad[ka]), usable(bd[kb]), {}};
-  int64_t out_block = static_cast<int64_t>(item_size(a.dtype())) * (b.shape()[nb] + blocks_of(a.mesh(), n_axes) - 1) /
-                      blocks_of(a.mesh(), n_axes);
-  for (size_t d = 0; d < ka; ++d) out_block *= (a.shape()[d] + blocks_of(a.mesh(), lead[d]) - 1) / blocks_of(a.mesh(), lead[d]);
+  int64_t out_block = static_cast<int64_t>(item_size(a.dtype())) * block_extent(b.shape()[nb], a.mesh(), n_axes);
+  for (size_t d = 0; d < ka; ++d) out_block *= block_extent(a.shape()[d], a.mesh(), lead[d]);
   DotPlan best;
   int64_t best_cost = -1;
   for (const auto& k : candidates) {
@@ -64,7 +68,7 @@ bool few_rows_per_device(const Tensor& a, const Dims& dims) {
   const Mesh& mesh = a.mesh();
   if (a.dtype() != DType::kF32 || mesh.device_count() < 2 || !packed_gemm_supported()) return false;
   int64_t rows = 1;
-  for (size_t d = 0; d + 1 < a.rank(); ++d) rows *= (a.shape()[d] + blocks_of(mesh, dims[d]) - 1) / blocks_of(mesh, dims[d]);
+  for (size_t d = 0; d + 1 < a.rank(); ++d) rows *= block_extent(a.shape()[d], mesh, dims[d]);
   return rows <= 128;
 }
 

@@ -24,6 +24,22 @@ std::atomic<WorkerPool*> g_spread_pool{nullptr};
 
 namespace {
 
+// Lends the pool to split_range inside its scope, unless an outer scope already did.
+class SpreadScope {
+ public:
+  explicit SpreadScope(WorkerPool& pool) : owner_(g_spread_pool.load() == nullptr) {
+    if (owner_) g_spread_pool.store(&pool);
+  }
+  ~SpreadScope() {
+    if (owner_) g_spread_pool.store(nullptr);
+  }
+  SpreadScope(const SpreadScope&) = delete;
+  SpreadScope& operator=(const SpreadScope&) = delete;
+
+ private:
+  bool owner_;
+};
+
 // Runs fn over the builder's blocks `which`: one block per pool task when there are at least as
 // many blocks as cores; with fewer (one device), the blocks one after another, the work inside
 // each split over the pool. BLAS stays single-threaded: its own spinning threads would fight the
@@ -31,16 +47,9 @@ namespace {
 void run_blocks(const Runtime& rt, const tessel::detail::ArrayBuilder& builder, const std::vector<size_t>& which,
                 const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   set_blas_threads(1);
-  const bool spread = which.size() < static_cast<size_t>(rt.pool().size()) && g_spread_pool.load() == nullptr;
-  if (spread) {
-    g_spread_pool.store(&rt.pool());
-    try {
-      for (size_t s : which) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
-    } catch (...) {
-      g_spread_pool.store(nullptr);
-      throw;
-    }
-    g_spread_pool.store(nullptr);
+  if (which.size() < static_cast<size_t>(rt.pool().size()) && g_spread_pool.load() == nullptr) {
+    SpreadScope spread(rt.pool());
+    for (size_t s : which) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
   } else {
     rt.pool().parallel_for(static_cast<int64_t>(which.size()), [&](int64_t i) {
       const size_t s = which[static_cast<size_t>(i)];
@@ -49,12 +58,18 @@ void run_blocks(const Runtime& rt, const tessel::detail::ArrayBuilder& builder, 
   }
 }
 
-// The addressable, non-empty blocks (uneven splits leave some empty: fn never sees a null buffer).
-std::vector<size_t> addressable_blocks(const tessel::detail::ArrayBuilder& builder) {
-  std::vector<size_t> local;
-  for (size_t s = 0; s < builder.size(); ++s)
-    if (builder.addressable(s) && builder.shard(s).box.volume() > 0) local.push_back(s);
-  return local;
+// The blocks this process writes, never an empty one (uneven splits leave some empty): one per
+// distinct box when local replicas share their bytes, else every addressable block.
+std::vector<size_t> blocks_to_write(const tessel::detail::ArrayBuilder& builder, bool replicas_shared) {
+  std::vector<size_t> which;
+  if (replicas_shared) {
+    for (const auto& block : builder.local_blocks()) which.push_back(block.first);
+  } else {
+    for (size_t s = 0; s < builder.size(); ++s)
+      if (builder.addressable(s)) which.push_back(s);
+  }
+  std::erase_if(which, [&](size_t s) { return builder.shard(s).box.volume() == 0; });
+  return which;
 }
 
 }  // namespace
@@ -63,7 +78,7 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
                      const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
   builder.allocate_all();
-  run_blocks(rt, builder, addressable_blocks(builder), fn);
+  run_blocks(rt, builder, blocks_to_write(builder, false), fn);
   return std::move(builder).finish();
 }
 
@@ -72,9 +87,7 @@ Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, co
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
   builder.share_local_replicas();
   builder.allocate_all();
-  std::vector<size_t> first;
-  for (const auto& block : builder.local_blocks()) first.push_back(block.first);
-  run_blocks(rt, builder, first, fn);
+  run_blocks(rt, builder, blocks_to_write(builder, true), fn);
   return std::move(builder).finish();
 }
 
@@ -83,29 +96,12 @@ Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype
   tessel::detail::ArrayBuilder builder(rt, shape, dtype, sharding, {});
   if (replicas_equal) builder.share_local_replicas();
   builder.allocate_all();
-  std::vector<size_t> which;
-  if (replicas_equal) {
-    for (const auto& block : builder.local_blocks()) which.push_back(block.first);
-  } else {
-    which = addressable_blocks(builder);
-  }
   std::vector<BlockTask> tasks;
-  for (size_t s : which) {
-    if (builder.shard(s).box.volume() > 0) tasks.push_back({builder.shard(s).device, builder.shard(s).box, builder.data(s)});
-  }
+  for (size_t s : blocks_to_write(builder, replicas_equal))
+    tasks.push_back({builder.shard(s).device, builder.shard(s).box, builder.data(s)});
   set_blas_threads(1);
-  if (g_spread_pool.load() != nullptr) {
-    fn(tasks);
-  } else {
-    g_spread_pool.store(&rt.pool());
-    try {
-      fn(tasks);
-    } catch (...) {
-      g_spread_pool.store(nullptr);
-      throw;
-    }
-    g_spread_pool.store(nullptr);
-  }
+  SpreadScope spread(rt.pool());
+  fn(tasks);
   return std::move(builder).finish();
 }
 
