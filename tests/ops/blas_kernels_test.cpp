@@ -1,0 +1,76 @@
+// OpenBLAS's kernel family: a CPU that OpenBLAS does not know (it falls back to the kernels of CPUs
+// without AVX) gets the family its features call for, and the products stay right.
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tessel/ops/detail/blas_kernels.h"
+#include "tessel/ops/detail/local.h"
+
+namespace tessel {
+namespace {
+
+using ops::detail::better_blas_kernels;
+using ops::detail::CpuFeatures;
+
+using Names = std::vector<std::string>;
+
+TEST(BlasKernels, OnlyAFallBackWithoutAvxIsReplacedByTheFeaturesBestFamily) {
+  const CpuFeatures all{.avx = true, .avx2_fma = true, .avx512 = true, .avx512_bf16 = true};
+  const CpuFeatures avx512{.avx = true, .avx2_fma = true, .avx512 = true};
+  const CpuFeatures avx2{.avx = true, .avx2_fma = true};
+  EXPECT_EQ(better_blas_kernels("Prescott", all), (Names{"Cooperlake", "SkylakeX", "Haswell", "Sandybridge"}));
+  EXPECT_EQ(better_blas_kernels("prescott", avx512), (Names{"SkylakeX", "Haswell", "Sandybridge"}));
+  EXPECT_EQ(better_blas_kernels("Core2", avx2), (Names{"Haswell", "Sandybridge"}));
+  EXPECT_EQ(better_blas_kernels("Unknown", avx2), (Names{"Haswell", "Sandybridge"}));
+  EXPECT_EQ(better_blas_kernels("Nehalem", CpuFeatures{}), Names{});
+  // Families that use the vector units, and names this list does not know, stay.
+  for (const char* kept : {"Sandybridge", "Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Prescot"})
+    EXPECT_EQ(better_blas_kernels(kept, all), Names{}) << kept;
+}
+
+float product_error(int64_t m, int64_t n, int64_t k) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n));
+  for (float& x : a) x = dist(rng);
+  for (float& x : b) x = dist(rng);
+  ops::detail::gemm(DType::kF32, false, false, m, n, k, reinterpret_cast<const std::byte*>(a.data()),
+                    reinterpret_cast<const std::byte*>(b.data()), reinterpret_cast<std::byte*>(c.data()), false);
+  float worst = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, scale = 1;
+      for (int64_t p = 0; p < k; ++p) {
+        want += double(a[i * k + p]) * b[p * n + j];
+        scale += std::abs(double(a[i * k + p]) * b[p * n + j]);
+      }
+      worst = std::max(worst, static_cast<float>(std::abs(c[i * n + j] - want) / scale));
+    }
+  return worst;
+}
+
+TEST(BlasKernels, AMisdetectedCpuGetsVectorKernelsAndTheSameProducts) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE chooses the kernels";
+  const CpuFeatures cpu = CpuFeatures::of_this_cpu();
+  if (!cpu.avx2_fma) GTEST_SKIP() << "no AVX2: nothing better than OpenBLAS's choice";
+  // Whatever OpenBLAS picked on this machine, tessel's first product runs vector kernels.
+  const std::string first = ops::detail::blas_core();
+  EXPECT_TRUE(better_blas_kernels(first, cpu).empty()) << first;
+  // A CPU OpenBLAS does not know, as on a model newer than the library.
+  if (!ops::detail::switch_blas_kernels("Prescott")) GTEST_SKIP() << "OpenBLAS here cannot switch kernels";
+  EXPECT_STREQ(ops::detail::blas_core(), "Prescott");
+  const float before = product_error(67, 45, 300);
+  const std::string chosen = ops::detail::select_blas_kernels();
+  EXPECT_TRUE(better_blas_kernels(chosen, cpu).empty()) << chosen;
+  EXPECT_EQ(std::getenv("OPENBLAS_CORETYPE"), nullptr);  // the process's environment as it was
+  EXPECT_LT(before, 1e-6f);
+  EXPECT_LT(product_error(67, 45, 300), 1e-6f);
+  EXPECT_TRUE(ops::detail::switch_blas_kernels(first));
+}
+
+}  // namespace
+}  // namespace tessel
