@@ -1,18 +1,19 @@
 #include "tessel/nn/attention.h"
 
 #include "tessel/core/error.h"
+#include "tessel/ops/attention.h"
 #include "tessel/ops/ops.h"
 
 namespace tessel::nn {
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
-  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || k.shape()[0] != q.shape()[0] ||
-      k.shape()[1] != q.shape()[1] || k.shape()[3] != q.shape()[3] || k.shape()[2] == 0 ||
-      q.shape()[2] % k.shape()[2] != 0 || v.shape()[0] != k.shape()[0] || v.shape()[1] != k.shape()[1] ||
-      v.shape()[2] != k.shape()[2])
-    throw ValueError("causal_attention: needs q [b, s, h, d], k [b, s, kv, d] and v [b, s, kv, dv] with kv dividing h, "
-                     "got " + q.to_string() + ", " + k.to_string() + ", " + v.to_string());
+  ops::check_attention_shapes(q, k, v);
   const int64_t b = q.shape()[0], s = q.shape()[1], h = q.shape()[2], dv = v.shape()[3];
+  if (!options.sinks.defined()) return ops::reshape(ops::causal_attention(q, k, v, options.window), Shape{b, s, h * dv});
+  // With sinks, the composite: its softmax takes the sink column.
+  if (options.sinks.shape() != Shape{h})
+    throw ValueError("causal_attention: sinks must be [heads = " + std::to_string(h) + "], got " +
+                     options.sinks.to_string());
   const int64_t kv = k.shape()[2], g = h / kv;
   // Query heads grouped by the key/value head they share: [b, kv, g * s, d].
   const int64_t d = q.shape()[3];
@@ -20,19 +21,12 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
       ops::reshape(ops::transpose(ops::reshape(q, Shape{b, s, kv, g, d}), {0, 2, 3, 1, 4}), Shape{b, kv, g * s, d});
   const Tensor kt = ops::transpose(k, {0, 2, 1, 3}), vt = ops::transpose(v, {0, 2, 1, 3});
   const Tensor scores = ops::reshape(ops::matmul(qg, kt, false, true), Shape{b, kv, g, s, s});
-  Tensor masked = ops::causal_mask(scores, options.window);
-  if (options.sinks.defined()) {
-    if (options.sinks.shape() != Shape{h})
-      throw ValueError("causal_attention: sinks must be [heads = " + std::to_string(h) + "], got " +
-                       options.sinks.to_string());
-    // The sink column: one logit per head (head = kv head * g + group), for every query.
-    const Tensor column = ops::broadcast_like(ops::reshape(options.sinks, Shape{1, kv, g, 1, 1}),
-                                              ops::slice(masked, 4, 0, 1));
-    masked = ops::slice(ops::softmax(ops::concat({masked, column}, 4), 4), 4, 0, s);
-  } else {
-    masked = ops::softmax(masked, 4);
-  }
-  const Tensor probs = ops::reshape(masked, Shape{b, kv, g * s, s});
+  const Tensor masked = ops::causal_mask(scores, options.window);
+  // The sink column: one logit per head (head = kv head * g + group), for every query.
+  const Tensor column =
+      ops::broadcast_like(ops::reshape(options.sinks, Shape{1, kv, g, 1, 1}), ops::slice(masked, 4, 0, 1));
+  const Tensor probs = ops::reshape(ops::slice(ops::softmax(ops::concat({masked, column}, 4), 4), 4, 0, s),
+                                    Shape{b, kv, g * s, s});
   const Tensor context = ops::matmul(probs, vt);
   return ops::reshape(ops::transpose(ops::reshape(context, Shape{b, kv, g, s, dv}), {0, 3, 1, 2, 4}),
                       Shape{b, s, h * dv});

@@ -18,7 +18,8 @@ struct AttentionOptions {
 };
 
 // softmax(mask(q k^T)) v per head; query head i uses key/value head i / (h / kv). The queries
-// arrive already scaled. Throws ValueError when kv does not divide h or the shapes disagree.
+// arrive already scaled. Without sinks this is the fused ops::causal_attention (ops/attention.h);
+// with sinks, a composite of the ops. Throws ValueError when kv does not divide h or the shapes disagree.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
 }  // namespace tessel::nn

@@ -163,6 +163,18 @@ void gemm_ld(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 
 }  // namespace
 
+void gemm_strided(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
+                  int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (accumulate) return;
+    const size_t item = item_size(dtype);
+    for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc * static_cast<int64_t>(item), 0, static_cast<size_t>(n) * item);
+    return;
+  }
+  gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
           const std::byte* b, std::byte* c, bool accumulate) {
   if (m == 0 || n == 0) return;

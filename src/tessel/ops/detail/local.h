@@ -50,6 +50,11 @@ void split_range(int64_t n, int64_t grain, const std::function<void(int64_t, int
 // the cores.
 void split_rows(int64_t rows, int64_t row_items, const std::function<void(int64_t, int64_t)>& body);
 
+// Row-major C[m,n] = op(A) op(B) (+ C when accumulate), f32 or f64, with the leading dimensions
+// given (rows of A, B and C lda, ldb, ldc elements apart): one call on this thread.
+void gemm_strided(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
+                  int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate);
+
 // Row-major C[m,n] = op(A) op(B) (+ C when accumulate), f32 or f64; op transposes when asked.
 // Split by rows or columns of C over the cores when spread() > 1.
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
