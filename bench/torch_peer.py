@@ -1,5 +1,6 @@
 """The peer for bench/train_bench.sh: the same two models as bench_train in plain torch.nn, one
-train step each, timed after warm-up. Usage: torch_peer.py THREADS  -> JSON on stdout.
+train step each, timed after warm-up, and PyTorch's SGEMM rate on the shapes bench_train's
+BM_Sgemm measures. Usage: torch_peer.py THREADS  -> JSON on stdout.
 
 DotReluDot: x[512,1024] @ W1[1024,4096] -> relu -> @ W2[4096,1024], MSE, SGD (no bias).
 LM: vocab 256, embed 256, 4 layers, 4 heads (head_dim 64), MLP 1024 with tanh-gelu, RMSNorm
@@ -133,5 +134,19 @@ def lm_step():
     adamw.step()
 
 
+# The SGEMM rate on the shapes bench_train's BM_Sgemm measures (m, n, k, bit 0: A transposed,
+# bit 1: B transposed), with every thread: what PyTorch's BLAS gives these models.
+GEMM_SHAPES = [(512, 4096, 1024, 0), (512, 1024, 4096, 2), (1024, 4096, 512, 1), (2048, 1024, 256, 0),
+               (2048, 256, 1024, 2), (256, 1024, 2048, 1), (2048, 256, 256, 0)]
+
+
+def gemm_gflops(m, n, k, trans):
+    a = torch.randn(k, m).t() if trans & 1 else torch.randn(m, k)
+    b = torch.randn(n, k).t() if trans & 2 else torch.randn(k, n)
+    return 2.0 * m * n * k / timed(lambda: torch.mm(a, b), seconds=0.5) / 1e9
+
+
+blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
 print(json.dumps({"threads": threads, "torch": torch.__version__, "mlp_s": timed(mlp_step), "lm_s": timed(lm_step),
-                  "lm_params": sum(p.numel() for p in lm.parameters())}))
+                  "lm_params": sum(p.numel() for p in lm.parameters()), "blas": blas,
+                  "gemm_gflops": [gemm_gflops(*shape) for shape in GEMM_SHAPES]}))
