@@ -1,12 +1,14 @@
 // The product of many devices' rows with one packed B (ops/detail/packed_gemm.h): values against
 // a double reference on edge shapes, the same bits however rows are grouped or the work is
 // split, and dot/dot_nt of a replicated f32 weight bit-identical on any data-parallel split.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include <gtest/gtest.h>
 
+#include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/packed_gemm.h"
 #include "tessel/ops/ops.h"
@@ -16,7 +18,9 @@ namespace tessel {
 namespace {
 
 using ops::detail::packed_gemm;
+using ops::detail::packed_gemm_sum;
 using ops::detail::RowBlock;
+using ops::detail::SumTerm;
 
 std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
   std::normal_distribution<float> dist;
@@ -149,6 +153,126 @@ TEST(PackedGemm, ReplicatedWeightProductsAreBitIdenticalOnAnyDataSplit) {
   const std::vector<double> scale = magnitudes(x, w, wt, rows, k, n);
   for (size_t i = 0; i < one.size(); ++i)
     ASSERT_NEAR(eight[i], one[i], 2e-5 * (1 + scale[i])) << "element " << i << " of magnitude " << scale[i];
+}
+
+// What packed_gemm_sum stands for: each term's own packed_gemm product, summed in order as the
+// runtime's f32 reduction adds devices' partial sums (first stored, each next added).
+std::vector<float> sum_of_products(int64_t m, int64_t n, const std::vector<SumTerm>& terms) {
+  std::vector<float> sum(static_cast<size_t>(m * n)), one(sum.size());
+  for (size_t t = 0; t < terms.size(); ++t) {
+    packed_gemm(true, false, terms[t].k, n, terms[t].b, {{m, terms[t].a, one.data()}});
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = t == 0 ? one[i] : sum[i] + one[i];
+  }
+  return sum;
+}
+
+TEST(PackedGemmSum, HasTheBitsOfEachTermsProductSummedInOrder) {
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  std::mt19937 rng(6);
+  Runtime rt = Runtime::host(2);
+  // Rows around the 14-row tile, columns around the 32-column panel and the 8-panel group, terms
+  // of unequal depth up to the one k block (an empty one included).
+  for (int64_t m : {1, 14, 15, 45}) {
+    for (int64_t n : {1, 33, 256, 300}) {
+      for (const std::vector<int64_t>& ks : std::vector<std::vector<int64_t>>{{5}, {64, 64, 64}, {3, 0, 256, 17}, {0}}) {
+        SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " terms " << ks.size() << " first k " << ks[0]);
+        std::vector<std::vector<float>> a, b;
+        std::vector<SumTerm> terms;
+        for (int64_t k : ks) {
+          a.push_back(random_floats(rng, k * m));
+          b.push_back(random_floats(rng, k * n));
+          terms.push_back({k, a.back().data(), b.back().data()});
+        }
+        const std::vector<float> want = sum_of_products(m, n, terms);
+        std::vector<float> got(want.size(), std::nanf(""));
+        packed_gemm_sum(m, n, terms, got.data());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+        // Spread over the cores (inside an op's spread region): the same bits.
+        std::vector<float> spread(want.size(), std::nanf(""));
+        ops::detail::compute_blocks_together(rt, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}),
+                                             true, [&](const std::vector<ops::detail::BlockTask>&) {
+                                               packed_gemm_sum(m, n, terms, spread.data());
+                                             });
+        EXPECT_EQ(std::memcmp(spread.data(), want.data(), spread.size() * sizeof(float)), 0);
+      }
+    }
+  }
+  // Against a double reference: the terms' rows together form one product.
+  const int64_t m = 30, n = 70;
+  std::vector<float> a = random_floats(rng, 200 * m), b = random_floats(rng, 200 * n);
+  const std::vector<SumTerm> terms{{120, a.data(), b.data()}, {80, a.data() + 120 * m, b.data() + 120 * n}};
+  std::vector<float> c(static_cast<size_t>(m * n));
+  packed_gemm_sum(m, n, terms, c.data());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, scale = 0;
+      for (int64_t p = 0; p < 200; ++p) {
+        want += double(a[p * m + i]) * b[p * n + j];
+        scale += std::abs(double(a[p * m + i]) * b[p * n + j]);
+      }
+      ASSERT_NEAR(c[i * n + j], want, 1e-6 * (scale + 1)) << "row " << i << " column " << j;
+    }
+  }
+}
+
+TEST(PackedGemmSum, RefusesATermBeyondOneKBlock) {
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  const int64_t k = ops::detail::packed_gemm_sum_max_k() + 1;
+  std::vector<float> a(static_cast<size_t>(k * 4)), b(static_cast<size_t>(k * 4)), c(16);
+  EXPECT_THROW(packed_gemm_sum(4, 4, {{k, a.data(), b.data()}}, c.data()), ValueError);
+}
+
+// dot_tn of few rows per device contracted over the devices (a weight gradient under data or FSDP
+// parallelism): reduced in the product, with the bits of every device's product (packed_gemm) added
+// in group order, the order in which the runtime's reduction (the only way across processes) adds
+// them. Rows split unevenly over the devices, one and two contracted axes, 2-D and 3-D operands.
+TEST(PackedGemmSum, WeightGradientsOfDeviceRowsAreSummedInGroupOrder) {
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  std::mt19937 rng(7);
+  Runtime rt = Runtime::host(8);
+  struct Case {
+    const char* mesh;
+    PartitionSpec lead;  // of the rows
+    std::vector<std::string> contracted;
+  };
+  for (const Case& c : {Case{"data=8", {{"data"}}, {"data"}}, Case{"data=2,fsdp=4", {{"data", "fsdp"}}, {"data", "fsdp"}},
+                        Case{"fsdp=4,tensor=2", {{"fsdp"}}, {"fsdp"}}}) {
+    for (bool three_d : {false, true}) {
+      SCOPED_TRACE(testing::Message() << c.mesh << (three_d ? " 3-D" : " 2-D"));
+      const Mesh mesh = Mesh::parse(c.mesh);
+      const int64_t rows = 90, k = 37, n = 41;  // 90 rows: 12 and 11 per device on 8
+      const std::vector<float> x = random_floats(rng, rows * k), g = random_floats(rng, rows * n);
+      const Shape xs = three_d ? Shape({3, rows / 3, k}) : Shape({rows, k}), gs = three_d ? Shape({3, rows / 3, n}) : Shape({rows, n});
+      PartitionSpec spec = c.lead;
+      if (three_d) spec = PartitionSpec{c.lead.dims()[0], {}, {}};
+      const Tensor tx(device_put(rt, HostArray::from<float>(xs, std::span<const float>(x)), NamedSharding(mesh, spec)));
+      const Tensor tg(device_put(rt, HostArray::from<float>(gs, std::span<const float>(g)), NamedSharding(mesh, spec)));
+      const Tensor w = ops::dot_tn(tx, tg);
+      EXPECT_FALSE(w.is_partial());
+      // The expected bits: each device's rows multiplied alone, then added in group order.
+      const auto groups = mesh.subgroups(c.contracted);
+      for (int64_t d : mesh.device_ids()) {
+        const auto& group = *std::find_if(groups.begin(), groups.end(), [&](const auto& members) {
+          return std::find(members.begin(), members.end(), d) != members.end();
+        });
+        std::vector<SumTerm> terms;
+        for (int64_t member : group) {
+          const Box& box = tx.shards().shard(member).box;
+          const int64_t r = box.volume() / k;
+          terms.push_back({r, tx.shards().shard(member).buffer.as<float>().data(), tg.shards().shard(member).buffer.as<float>().data()});
+        }
+        const Box& out = w.shards().shard(d).box;
+        ASSERT_EQ(out.volume(), k * n) << "device " << d;
+        const std::vector<float> want = sum_of_products(k, n, terms);
+        EXPECT_EQ(std::memcmp(w.shards().shard(d).buffer.data(), want.data(), want.size() * sizeof(float)), 0) << "device " << d;
+      }
+      // Abstract evaluation agrees on the result's sharding.
+      const Tensor abstract = ops::dot_tn(Tensor::abstract(xs, DType::kF32, NamedSharding(mesh, spec)),
+                                          Tensor::abstract(gs, DType::kF32, NamedSharding(mesh, spec)));
+      EXPECT_FALSE(abstract.is_partial());
+      EXPECT_EQ(abstract.sharding(), w.sharding());
+    }
+  }
 }
 
 }  // namespace

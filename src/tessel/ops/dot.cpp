@@ -1,6 +1,7 @@
 // Products of a tensor and a 2-D weight (dot, dot_nt, dot_tn): the sharding plan that moves the
 // fewest bytes, and the per-device GEMMs (OpenBLAS, or packed_gemm for many devices of few rows).
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -98,6 +99,30 @@ void multiply_shared(const Tensor& a, const Tensor& b, bool trans_b, const std::
   }
 }
 
+// Every block of a dot_tn result summed over the devices of its group along `axes` (in group
+// order, as the runtime's reductions add them), each device's term its rows of a and g.
+void sum_over_group(const Tensor& a, const Tensor& g, const Axes& axes, const std::vector<BlockTask>& blocks) {
+  const auto groups = a.mesh().subgroups(axes);
+  for (const BlockTask& t : blocks) {
+    const auto group = std::find_if(groups.begin(), groups.end(), [&](const std::vector<int64_t>& members) {
+      return std::find(members.begin(), members.end(), t.device) != members.end();
+    });
+    std::vector<SumTerm> terms;
+    for (int64_t d : *group) {
+      const Box& ab = block_box(a, d);
+      const int64_t rows = ab.volume() / ab.extent(ab.rank() - 1);
+      terms.push_back({rows, reinterpret_cast<const float*>(block(a, d)), reinterpret_cast<const float*>(block(g, d))});
+    }
+    packed_gemm_sum(t.box.extent(0), t.box.extent(1), terms, reinterpret_cast<float*>(t.out));
+  }
+}
+
+Backward dot_tn_backward(const Tensor& a, const Tensor& g) {
+  return [a, g](const Tensor& dc) {
+    return std::vector<Tensor>{needs(a) ? dot_nt(g, dc) : Tensor(), needs(g) ? dot(a, dc) : Tensor()};
+  };
+}
+
 Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
   const char* op = trans_b ? "dot_nt" : "dot";
   check_operands(a_in, b_in, op);
@@ -169,7 +194,20 @@ Tensor dot_tn(const Tensor& a_in, const Tensor& g_in) {
   g = reshard_raw(g, with_dims(g.mesh(), ng));
   const Shape shape{a.shape()[r - 1], g.shape()[r - 1]};
   const bool short_rows = few_rows_per_device(a, na);
-  Tensor out = output(a, shape, a.dtype(), with_dims(a.mesh(), {k_axes, n_axes}), partial,
+  const NamedSharding sharding = with_dims(a.mesh(), {k_axes, n_axes});
+  // Few rows per device contracted over mesh axes (the weight gradients of data or FSDP
+  // parallelism): the devices' products are summed here, not left as partial sums. In one process
+  // the sum is formed in the product itself (each tile of the gradient summed over the devices
+  // while in cache: no per-device gradient written and read back, 8 x 16 MiB a weight for
+  // DotReluDot on data=8); across processes, by the runtime's all-reduce of the same products, in
+  // the same order: the same bits either way, so the choice depends on the global shapes alone.
+  const bool sum_here = short_rows && !partial.empty();
+  if (sum_here && !a.is_abstract() && a.shards().is_fully_addressable() && g.shards().is_fully_addressable()) {
+    Tensor out = output_together(a, shape, a.dtype(), sharding, {},
+                                 [&](const std::vector<BlockTask>& blocks) { sum_over_group(a, g, partial, blocks); });
+    return record(out, {a_in, g_in}, dot_tn_backward(a_in, g_in));
+  }
+  Tensor out = output(a, shape, a.dtype(), sharding, partial,
                       [&](int64_t device, const Box& box, std::byte* o) {
                         const Box& ab = block_box(a, device);
                         const int64_t rows = ab.volume() / std::max<int64_t>(ab.extent(r - 1), 1);
@@ -182,9 +220,8 @@ Tensor dot_tn(const Tensor& a_in, const Tensor& g_in) {
                         detail::gemm(a.dtype(), true, false, box.extent(0), box.extent(1), rows, block(a, device),
                                      block(g, device), o, false);
                       });
-  return record(out, {a_in, g_in}, [a_in, g_in](const Tensor& dc) {
-    return std::vector<Tensor>{needs(a_in) ? dot_nt(g_in, dc) : Tensor(), needs(g_in) ? dot(a_in, dc) : Tensor()};
-  });
+  if (sum_here) out = reduce_raw(out, nullptr);
+  return record(out, {a_in, g_in}, dot_tn_backward(a_in, g_in));
 }
 
 }  // namespace tessel::ops

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
+#include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
 
 namespace tessel::ops::detail {
@@ -29,11 +31,13 @@ float* aligned(float* p) {
 int64_t panels_of(int64_t n) { return (n + kNr - 1) / kNr; }
 int64_t k_blocks_of(int64_t k) { return (k + kKc - 1) / kKc; }
 
-// B's k block kb, panels [j0, j1), packed as [panel][p][kNr], the columns past n zero.
-void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t kb, float* out, int64_t j0, int64_t j1) {
+// B's k block kb, panels [j0, j1), packed as [panel][p][kNr] with panel j - j0 at out + (j - j0)
+// * stride, the columns past n zero.
+void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t kb, float* out, int64_t stride, int64_t j0,
+            int64_t j1) {
   const int64_t ldb = trans_b ? k : n, p0 = kb * kKc, kc = std::min(kKc, k - p0);
   for (int64_t j = j0; j < j1; ++j) {
-    float* dst = out + j * kKc * kNr;
+    float* dst = out + (j - j0) * stride;
     const int64_t c0 = j * kNr, cols = std::min<int64_t>(kNr, n - c0);
     if (cols < kNr) std::memset(dst, 0, sizeof(float) * kc * kNr);
     if (!trans_b) {
@@ -176,8 +180,69 @@ void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const float* 
   // Each core packs the panels it multiplies: no core waits for another's packing.
   split_range(panels, 4, [&](int64_t j0, int64_t j1) {
     for (int64_t kb = 0; kb < k_blocks_of(k); ++kb) {
-      pack_b(trans_b, k, n, b, kb, packed, j0, j1);
+      pack_b(trans_b, k, n, b, kb, packed + j0 * kKc * kNr, kKc * kNr, j0, j1);
       multiply_panels(trans_a, k, n, kb, packed, tiles, j0, j1);
+    }
+  });
+}
+
+int64_t packed_gemm_sum_max_k() { return kKc; }
+
+void packed_gemm_sum(int64_t m, int64_t n, const std::vector<SumTerm>& terms, float* c) {
+  if (m == 0 || n == 0) return;
+  if (terms.empty()) {
+    std::fill(c, c + m * n, 0.0f);
+    return;
+  }
+  // A tile's rows of every term, packed once for all the panels: [tile][term][p][kMr].
+  std::vector<int64_t> a_at;  // each term's offset inside a tile's stretch
+  int64_t tile_floats = 0, b_floats = 0;
+  for (const SumTerm& t : terms) {
+    if (t.k < 0 || t.k > kKc) throw ValueError("packed_gemm_sum: a term's contraction of " + std::to_string(t.k) +
+                                               " is beyond one k block (" + std::to_string(kKc) + ")");
+    a_at.push_back(tile_floats);
+    tile_floats += t.k * kMr;
+    b_floats += t.k * kNr;
+  }
+  const int64_t tiles = (m + kMr - 1) / kMr, panels = panels_of(n);
+  thread_local std::vector<float> packed_a_buffer;
+  packed_a_buffer.resize(static_cast<size_t>(tiles * tile_floats) + kLine);
+  float* const packed_a = aligned(packed_a_buffer.data());
+  split_range(tiles, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMr, m - tile * kMr));
+      for (size_t t = 0; t < terms.size(); ++t) {
+        pack_a(true, terms[t].a + tile * kMr, m, rows, 0, terms[t].k, packed_a + tile * tile_floats + a_at[t]);
+      }
+    }
+  });
+  // Each core packs every term's B for a group of its panels (kept in L2), then runs each C tile
+  // through all the terms while it stays in L1: C is written once, not once per term.
+  constexpr int64_t kPanelsPerGroup = 8;
+  split_range(panels, 4, [&](int64_t j0, int64_t j1) {
+    thread_local std::vector<float> packed_b_buffer;
+    packed_b_buffer.resize(static_cast<size_t>(kPanelsPerGroup * b_floats) + kLine);
+    float* const packed_b = aligned(packed_b_buffer.data());
+    for (int64_t jg = j0; jg < j1; jg += kPanelsPerGroup) {
+      const int64_t jn = std::min(j1, jg + kPanelsPerGroup);
+      std::vector<float*> b_at;  // [term][panel][p][kNr]
+      float* next = packed_b;
+      for (const SumTerm& t : terms) {
+        b_at.push_back(next);
+        pack_b(false, t.k, n, t.b, 0, next, t.k * kNr, jg, jn);
+        next += (jn - jg) * t.k * kNr;
+      }
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int rows = static_cast<int>(std::min<int64_t>(kMr, m - tile * kMr));
+        const float* a = packed_a + tile * tile_floats;
+        for (int64_t j = jg; j < jn; ++j) {
+          const int cols = static_cast<int>(std::min<int64_t>(kNr, n - j * kNr));
+          float* out = c + tile * kMr * n + j * kNr;
+          for (size_t t = 0; t < terms.size(); ++t) {
+            kKernels[rows](terms[t].k, a + a_at[t], b_at[t] + (j - jg) * terms[t].k * kNr, out, n, cols, t > 0);
+          }
+        }
+      }
     }
   });
 }

@@ -33,4 +33,22 @@ bool packed_gemm_supported();
 // C is written once, where OpenBLAS first clears it for beta = 0.
 void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const float* b, const std::vector<RowBlock>& blocks);
 
+// One term of a sum of products: A^T stored as [k, m] and B [k, n], row-major and dense (one
+// device's rows of a weight gradient).
+struct SumTerm {
+  int64_t k;
+  const float* a;
+  const float* b;
+};
+
+// The largest k of a SumTerm: one k block, whose product packed_gemm computes as one chain.
+int64_t packed_gemm_sum_max_k();
+
+// C [m, n] = the sum over `terms`, in order, of A^T B: the first term's product stored, each next
+// one added to C (C + product). Each product is one fused multiply-add chain from zero, as
+// packed_gemm(true, false, ...) computes it for k <= packed_gemm_sum_max_k(): the same bits as
+// every term's own packed_gemm product reduced in order by the runtime's f32 sum, without writing
+// the products. Spread over the cores like packed_gemm. Throws ValueError for a longer k.
+void packed_gemm_sum(int64_t m, int64_t n, const std::vector<SumTerm>& terms, float* c);
+
 }  // namespace tessel::ops::detail
