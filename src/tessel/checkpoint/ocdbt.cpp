@@ -811,9 +811,9 @@ void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
     f.filled += value.size();
     m.values.push_back({std::move(key), f.id, {}, offset, value.size()});
   }
-  // Outside the lock: each writer fills (and flushes) its own file.
+  // Outside the lock: each writer fills its own file and starts its writeback.
   file->write_at(static_cast<int64_t>(offset), value);
-  if (m.options.durable) file->flush_range(static_cast<int64_t>(offset), static_cast<int64_t>(value.size()));
+  if (m.options.durable) file->start_writeback(static_cast<int64_t>(offset), static_cast<int64_t>(value.size()));
   std::lock_guard lock(m.mu);
   m.idle.push_back(slot);
 }

@@ -153,9 +153,8 @@ void File::write_at(int64_t offset, std::span<const std::byte> data) const {
   }
 }
 
-void File::flush_range(int64_t offset, int64_t size) const {
-  const unsigned flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
-  while (::sync_file_range(fd_, offset, size, flags) != 0) {
+void File::start_writeback(int64_t offset, int64_t size) const {
+  while (::sync_file_range(fd_, offset, size, SYNC_FILE_RANGE_WRITE) != 0) {
     if (errno != EINTR) fail(path_, "cannot flush", errno);
   }
 }

@@ -42,10 +42,13 @@ class File {
   void write_all(std::span<const std::byte> data);
   // All of `data` at `offset` (pwrite): threads may write disjoint ranges of one file at once.
   void write_at(int64_t offset, std::span<const std::byte> data) const;
-  // Starts writing [offset, offset + size) to the disk and waits for it (sync_file_range): a
-  // writer flushes its own part of a shared file while others still write, and the final sync()
-  // has little left to do. Metadata is left to sync().
-  void flush_range(int64_t offset, int64_t size) const;
+  // Starts writing [offset, offset + size) to the disk without waiting for it
+  // (sync_file_range(SYNC_FILE_RANGE_WRITE)): the disk gets a writer's part of a shared file while
+  // the writers go on, and the final sync() has less left to do. Durability is sync()'s job.
+  // Waiting here for each part (as this did until 2026-11-26) kept the disk's queue shallow: an
+  // OCDBT save of 2 GiB in 16 MiB values with 4 writers ran 1.25x faster without the wait (6
+  // alternating runs on the project's VM), at or above a raw write + fsync of the same bytes.
+  void start_writeback(int64_t offset, int64_t size) const;
   void resize(int64_t size) const;  // ftruncate: grows with zeros or cuts
   void sync();   // fsync
   void close();  // reports a failing close (a deferred write error) as IoError
