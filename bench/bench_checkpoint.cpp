@@ -55,6 +55,18 @@ void fill(const tessel::Box& box, std::span<std::byte> out) {
   }
 }
 
+// With TESSEL_BENCH_PRIME_BYTES set, touches and frees that many bytes first (as
+// bench/ckpt_peers.py does): on a VM whose balloon hands idle free memory back to the host, the
+// measured work then runs on host-backed memory, like the peers it is compared with.
+void prime_memory() {
+  const char* text = std::getenv("TESSEL_BENCH_PRIME_BYTES");
+  const int64_t n = text ? std::atoll(text) : 0;
+  if (n <= 0) return;
+  std::unique_ptr<std::byte[]> block(new std::byte[static_cast<size_t>(n)]);
+  std::memset(block.get(), 1, static_cast<size_t>(n));
+  asm volatile("" : : "r"(block.get()) : "memory");  // the stores must happen
+}
+
 nlohmann::json raw(const fs::path& dir, int64_t bytes) {
   const int files = 8;
   const int64_t each = bytes / files;
@@ -64,6 +76,7 @@ nlohmann::json raw(const fs::path& dir, int64_t bytes) {
   for (int threads : {1, 2}) {
     fs::remove_all(dir);
     fs::create_directories(dir);
+    prime_memory();  // the page cache the writes fill comes from memory the host backs
     auto t0 = Clock::now();
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
@@ -124,18 +137,6 @@ nlohmann::json raw(const fs::path& dir, int64_t bytes) {
   return j;
 }
 
-// With TESSEL_BENCH_PRIME_BYTES set, touches and frees that many bytes first (as
-// bench/ckpt_peers.py does): on a VM whose balloon hands idle free memory back to the host, the
-// measured work then runs on host-backed memory, like the peers it is compared with.
-void prime_memory() {
-  const char* text = std::getenv("TESSEL_BENCH_PRIME_BYTES");
-  const int64_t n = text ? std::atoll(text) : 0;
-  if (n <= 0) return;
-  std::unique_ptr<std::byte[]> block(new std::byte[static_cast<size_t>(n)]);
-  std::memset(block.get(), 1, static_cast<size_t>(n));
-  asm volatile("" : : "r"(block.get()) : "memory");  // the stores must happen
-}
-
 tessel::State make_state(const tessel::Runtime& rt, int64_t bytes) {
   const tessel::Mesh mesh = tessel::Mesh::parse("fsdp=8", rules().mesh_axes());
   tessel::State s;
@@ -162,8 +163,9 @@ int main(int argc, char** argv) {
       const std::string layout = argc == 6 ? argv[5] : "ocdbt";
       tessel::Runtime rt = tessel::Runtime::host(8);
       tessel::State s = make_state(rt, std::stoll(argv[3]));
-      const int64_t before = peak_rss();
       fs::remove_all(argv[2]);
+      prime_memory();  // as raw does before its writes
+      const int64_t before = peak_rss();
       auto t0 = Clock::now();
       tessel::save(argv[2], s,
                    {.compression = tessel::Compression::parse(argv[4]),
