@@ -212,7 +212,8 @@ void packed_gemm_sum(int64_t m, int64_t n, const std::vector<SumTerm>& terms, fl
     for (int64_t tile = t0; tile < t1; ++tile) {
       const int rows = static_cast<int>(std::min<int64_t>(kMr, m - tile * kMr));
       for (size_t t = 0; t < terms.size(); ++t) {
-        pack_a(true, terms[t].a + tile * kMr, m, rows, 0, terms[t].k, packed_a + tile * tile_floats + a_at[t]);
+        // An empty term (a device without rows) may have no buffer at all: nothing to pack.
+        if (terms[t].k > 0) pack_a(true, terms[t].a + tile * kMr, m, rows, 0, terms[t].k, packed_a + tile * tile_floats + a_at[t]);
       }
     }
   });
