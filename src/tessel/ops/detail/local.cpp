@@ -179,11 +179,8 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
           const std::byte* b, std::byte* c, bool accumulate) {
   if (m == 0 || n == 0) return;
   const int64_t item = static_cast<int64_t>(item_size(dtype));
-  if (k == 0) {
-    if (!accumulate) std::fill(c, c + m * n * item, std::byte{0});
-    return;
-  }
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  if (k == 0) return gemm_strided(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate);
   WorkerPool* pool = g_spread_pool.load();
   if (pool && m * n * k >= (int64_t{1} << 30)) {
     set_blas_threads(pool->size());

@@ -21,6 +21,8 @@ constexpr int kNr = 32;
 constexpr int64_t kKc = 256;
 // How far ahead (in k) the kernel fetches B: its panels come from L2.
 constexpr int64_t kPrefetch = 16;
+// Panels of B a core keeps in L2 while tiles of A pass them (256 KiB of a full k block).
+constexpr int64_t kPanelsPerGroup = 8;
 
 // Floats per cache line: packed panels start on a line, so no 64-byte load straddles two.
 constexpr size_t kLine = 16;
@@ -128,7 +130,6 @@ struct Tile {
 void multiply_panels(bool trans_a, int64_t k, int64_t n, int64_t kb, const float* packed_b,
                      const std::vector<Tile>& tiles, int64_t j0, int64_t j1) {
   constexpr size_t kTilesPerGroup = 40;
-  constexpr int64_t kPanelsPerGroup = 8;
   thread_local std::vector<float> packed_a_buffer;
   packed_a_buffer.resize(kTilesPerGroup * kKc * kMr + kLine);
   float* const packed_a = aligned(packed_a_buffer.data());
@@ -219,19 +220,18 @@ void packed_gemm_sum(int64_t m, int64_t n, const std::vector<SumTerm>& terms, fl
   });
   // Each core packs every term's B for a group of its panels (kept in L2), then runs each C tile
   // through all the terms while it stays in L1: C is written once, not once per term.
-  constexpr int64_t kPanelsPerGroup = 8;
   split_range(panels, 4, [&](int64_t j0, int64_t j1) {
     thread_local std::vector<float> packed_b_buffer;
     packed_b_buffer.resize(static_cast<size_t>(kPanelsPerGroup * b_floats) + kLine);
     float* const packed_b = aligned(packed_b_buffer.data());
+    std::vector<float*> b_at(terms.size());  // each term's panels: [term][panel][p][kNr]
     for (int64_t jg = j0; jg < j1; jg += kPanelsPerGroup) {
       const int64_t jn = std::min(j1, jg + kPanelsPerGroup);
-      std::vector<float*> b_at;  // [term][panel][p][kNr]
       float* next = packed_b;
-      for (const SumTerm& t : terms) {
-        b_at.push_back(next);
-        pack_b(false, t.k, n, t.b, 0, next, t.k * kNr, jg, jn);
-        next += (jn - jg) * t.k * kNr;
+      for (size_t t = 0; t < terms.size(); ++t) {
+        b_at[t] = next;
+        pack_b(false, terms[t].k, n, terms[t].b, 0, next, terms[t].k * kNr, jg, jn);
+        next += (jn - jg) * terms[t].k * kNr;
       }
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int rows = static_cast<int>(std::min<int64_t>(kMr, m - tile * kMr));
