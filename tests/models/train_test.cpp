@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -195,6 +196,94 @@ TEST(Optimizer, UpdatesFollowOptaxOnShardedParameters) {
   EXPECT_NEAR(s.at(60), 0.55, 1e-12);
   EXPECT_NEAR(s.at(110), 0.1, 1e-12);
   EXPECT_NEAR(s.at(500), 0.1, 1e-12);
+}
+
+// f32 AdamW runs its moments and parameter in one pass per element: each step's values are the
+// documented f64 arithmetic rounded to f32 (moments first, the parameter from the rounded
+// moments), bit for bit, on a mesh that splits the array unevenly and on one device, where the
+// pass is spread over the cores.
+TEST(Optimizer, AdamWInF32IsTheF64FormulaRoundedPerStep) {
+  Runtime rt = Runtime::host(8);
+  const int64_t rows = 301, cols = 203;  // 61103 elements: vector tails, split over the cores
+  const auto n = static_cast<size_t>(rows * cols);
+  std::vector<float> p0(n), g0(n);
+  for (size_t i = 0; i < n; ++i) {
+    p0[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    g0[i] = static_cast<float>(std::cos(1.3 * static_cast<double>(i)) * (i % 7 == 0 ? 1e-3 : 1.0));
+  }
+  for (const char* spec : {"fsdp=4,tensor=2", "data=1"}) {
+    const Mesh mesh = Mesh::parse(spec);
+    const NamedSharding sharding = mesh.device_count() > 1 ? NamedSharding(mesh, {{"fsdp"}, {"tensor"}})
+                                                           : NamedSharding(mesh, {});
+    Runtime one = Runtime::host(mesh.device_count());
+    const Runtime& r = mesh.device_count() > 1 ? rt : one;
+    auto array = [&](const std::vector<float>& v) {
+      return device_put(r, HostArray::from<float>(Shape{rows, cols}, std::span<const float>(v)), sharding);
+    };
+    double norm = 0;
+    for (float g : g0) norm += static_cast<double>(g) * g;
+    norm = std::sqrt(norm);
+    const nn::OptimizerConfig c{.kind = nn::OptimizerKind::kAdamW, .schedule = {.peak = 0.01, .warmup = 1},
+                                .clip_norm = norm / 3};
+    State params;
+    params.insert("w", Variable(kParam, array(p0)));
+    State opt = nn::init_optimizer(c, params);
+    std::vector<float> p = p0, m(n, 0.0f), v(n, 0.0f);
+    for (int64_t step = 0; step < 3; ++step) {
+      const nn::UpdateStats s = nn::apply_updates(c, step, params, opt, {{"w", array(g0)}});
+      const double clip = c.clip_norm / s.grad_norm, t = static_cast<double>(step + 1);
+      const double bc1 = 1 - std::pow(c.b1, t), bc2 = 1 - std::pow(c.b2, t);
+      for (size_t i = 0; i < n; ++i) {
+        const double gc = clip * g0[i];
+        m[i] = static_cast<float>(c.b1 * m[i] + (1 - c.b1) * clip * g0[i]);
+        v[i] = static_cast<float>(c.b2 * v[i] + (1 - c.b2) * gc * gc);
+        const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c.eps) + c.weight_decay * p[i];
+        p[i] = static_cast<float>(p[i] - s.lr * update);
+      }
+      const HostArray hp = to_host(params.at("w").array()), hm = to_host(opt.at("opt_state/mu/w").array()),
+                      hv = to_host(opt.at("opt_state/nu/w").array());
+      const auto gp = hp.values<float>(), gm = hm.values<float>(), gv = hv.values<float>();
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(gm[i], m[i]) << spec << " step " << step << " mu " << i;
+        ASSERT_EQ(gv[i], v[i]) << spec << " step " << step << " nu " << i;
+        ASSERT_EQ(gp[i], p[i]) << spec << " step " << step << " param " << i;
+      }
+      EXPECT_EQ(params.at("w").sharding(), sharding);
+      EXPECT_EQ(opt.at("opt_state/mu/w").sharding(), sharding);
+    }
+  }
+}
+
+// The global norm spreads a large shard over the cores in fixed chunks: the same bits with 1, 2 or 5
+// worker threads, on one device and on a sharded mesh, and the f64 norm to rounding.
+TEST(Optimizer, GlobalNormHasTheSameBitsOnAnyNumberOfCores) {
+  const int64_t rows = 613, cols = 509;  // 312017 elements: several chunks and a partial one
+  std::vector<float> x(static_cast<size_t>(rows * cols)), y(1000);
+  double exact = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(std::sin(0.71 * static_cast<double>(i)) * (1 + static_cast<double>(i % 13)));
+    exact += static_cast<double>(x[i]) * x[i];
+  }
+  for (size_t i = 0; i < y.size(); ++i) {
+    y[i] = static_cast<float>(0.5 + static_cast<double>(i) * 1e-3);
+    exact += static_cast<double>(y[i]) * y[i];
+  }
+  exact = std::sqrt(exact);
+  for (const char* spec : {"data=1", "fsdp=4,tensor=2"}) {
+    const Mesh mesh = Mesh::parse(spec);
+    std::optional<double> first;
+    for (int threads : {1, 2, 5}) {
+      Runtime rt = Runtime::host(RuntimeOptions{.devices = mesh.device_count(), .threads = threads});
+      const NamedSharding s = mesh.device_count() > 1 ? NamedSharding(mesh, {{"fsdp"}, {"tensor"}}) : NamedSharding(mesh, {});
+      const std::map<std::string, Array> arrays = {
+          {"a", device_put(rt, HostArray::from<float>(Shape{rows, cols}, std::span<const float>(x)), s)},
+          {"b", device_put(rt, HostArray::from<float>(Shape{1000}, std::span<const float>(y)), NamedSharding(mesh, {}))}};
+      const double norm = nn::global_norm(arrays);
+      EXPECT_NEAR(norm, exact, 1e-12 * exact) << spec << " threads " << threads;
+      if (!first) first = norm;
+      EXPECT_EQ(norm, *first) << spec << " threads " << threads;
+    }
+  }
 }
 
 TEST(Dataset, BatchesArePureFunctionsOfSeedAndStepAndRefuseBadInput) {

@@ -1,5 +1,6 @@
 #include "tessel/nn/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -51,6 +52,22 @@ Array map_blocks(const Array& x, Fn fn) {
       });
 }
 
+// map_blocks for `count` new arrays on x's layout written together: fn(device, at, count, outs),
+// outs[i] pointing at element at of array i's block.
+template <class Fn>
+std::vector<Array> map_blocks(const Array& x, size_t count, Fn fn) {
+  const auto item = static_cast<int64_t>(item_size(x.dtype()));
+  return ops::detail::compute_blocks_once(
+      x.runtime(), x.shape(), x.dtype(), x.sharding(), count,
+      [&](int64_t device, const Box& box, const std::vector<std::byte*>& outs) {
+        ops::detail::split_range(box.volume(), int64_t{1} << 14, [&](int64_t lo, int64_t hi) {
+          std::vector<std::byte*> at;
+          for (std::byte* o : outs) at.push_back(o + lo * item);
+          fn(device, lo, hi - lo, at);
+        });
+      });
+}
+
 template <class Fn>
 void dispatch(DType dtype, const std::string& path, Fn&& fn) {
   if (dtype == DType::kF32) {
@@ -98,31 +115,44 @@ State init_optimizer(const OptimizerConfig& config, const State& params) {
 double global_norm(const std::map<std::string, Array>& arrays) {
   if (arrays.empty()) return 0;
   // One partial sum per shard (replica 0 only), added in shard order: the same bits whichever
-  // process computed which partial.
+  // process computed which partial. A shard's partial is its chunks' sums of squares (fixed
+  // chunks, not one per core) added in order, so that a large shard spreads over the cores (one
+  // device's gradients) with bits that do not depend on how many there are.
+  constexpr int64_t kChunk = int64_t{1} << 16;
   std::vector<double> partial;
   for (const auto& entry : arrays) {
     const std::string& path = entry.first;  // named, not bound: lambdas below capture it
     const Array& a = entry.second;
     const std::span<const Shard> shards = a.shards();
-    const size_t at = partial.size();
-    partial.resize(at + shards.size(), 0.0);
-    a.runtime().pool().parallel_for(static_cast<int64_t>(shards.size()), [&](int64_t i) {
-      const Shard& s = shards[static_cast<size_t>(i)];
-      if (s.replica_id != 0 || !s.is_addressable()) return;
-      const int64_t n = s.box.volume();
-      double& out = partial[at + static_cast<size_t>(i)];
+    struct Chunk {
+      size_t shard;
+      int64_t lo, hi;
+    };
+    std::vector<Chunk> chunks;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (shards[i].replica_id != 0 || !shards[i].is_addressable()) continue;
+      const int64_t n = shards[i].box.volume();
+      for (int64_t lo = 0; lo < n; lo += kChunk) chunks.push_back({i, lo, std::min(n, lo + kChunk)});
+    }
+    std::vector<double> sums(chunks.size(), 0.0);
+    a.runtime().pool().parallel_for(static_cast<int64_t>(chunks.size()), [&](int64_t c) {
+      const Chunk& ch = chunks[static_cast<size_t>(c)];
+      double& out = sums[static_cast<size_t>(c)];
       dispatch(a.dtype(), path, [&](auto zero) {
         using T = decltype(zero);
-        const T* x = reinterpret_cast<const T*>(s.buffer.data());
+        const T* x = reinterpret_cast<const T*>(shards[ch.shard].buffer.data()) + ch.lo;
         if constexpr (std::is_same_v<T, float>) {
-          out = ops::detail::sum_squares_f32(x, n);
+          out = ops::detail::sum_squares_f32(x, ch.hi - ch.lo);
         } else {
           double sum = 0;
-          for (int64_t k = 0; k < n; ++k) sum += x[k] * x[k];
+          for (int64_t k = 0; k < ch.hi - ch.lo; ++k) sum += x[k] * x[k];
           out = sum;
         }
       });
     });
+    const size_t at = partial.size();
+    partial.resize(at + shards.size(), 0.0);
+    for (size_t c = 0; c < chunks.size(); ++c) partial[at + chunks[c].shard] += sums[c];
   }
   // Across processes each partial is non-zero on the one process that holds its replica 0.
   ProcessGroup& group = arrays.begin()->second.runtime().processes();
@@ -172,47 +202,38 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
         const Array& nu = opt_state.at(nu_path(path)).array(nu_path(path));
         check_same_layout(p, mu, mu_path(path));
         check_same_layout(p, nu, nu_path(path));
-        constexpr bool f32 = std::is_same_v<T, float>;
-        Array mu2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
-          const T *m = in(mu, d, at), *gr = in(g, d, at);
-          T* out = reinterpret_cast<T*>(o);
-          if constexpr (f32) return detail::adam_mu_f32(c.b1, (1 - c.b1) * clip, m, gr, out, n);
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(c.b1 * m[i] + (1 - c.b1) * clip * gr[i]);
-        });
-        Array nu2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
-          const T *m = in(nu, d, at), *gr = in(g, d, at);
-          T* out = reinterpret_cast<T*>(o);
-          if constexpr (f32) return detail::adam_nu_f32(c.b2, 1 - c.b2, clip, m, gr, out, n);
+        // One pass: each element's moments and parameter from one read of its four inputs.
+        std::vector<Array> next = map_blocks(p, 3, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
+          const T *x = in(p, d, at), *gr = in(g, d, at), *m = in(mu, d, at), *s = in(nu, d, at);
+          T *out = reinterpret_cast<T*>(o[0]), *m_out = reinterpret_cast<T*>(o[1]), *s_out = reinterpret_cast<T*>(o[2]);
+          if constexpr (std::is_same_v<T, float>) {
+            const detail::AdamF32 k{c.b1, (1 - c.b1) * clip, c.b2, 1 - c.b2, clip, lr, bc1, bc2, c.eps, c.weight_decay};
+            return detail::adam_f32(k, x, gr, m, s, out, m_out, s_out, n);
+          }
           for (int64_t i = 0; i < n; ++i) {
             const double gc = clip * gr[i];
-            out[i] = static_cast<T>(c.b2 * m[i] + (1 - c.b2) * gc * gc);
-          }
-        });
-        Array p2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
-          const T *x = in(p, d, at), *m = in(mu2, d, at), *s = in(nu2, d, at);
-          T* out = reinterpret_cast<T*>(o);
-          if constexpr (f32) return detail::adam_param_f32(lr, bc1, bc2, c.eps, c.weight_decay, x, m, s, out, n);
-          for (int64_t i = 0; i < n; ++i) {
-            const double update = (m[i] / bc1) / (std::sqrt(s[i] / bc2) + c.eps) + c.weight_decay * x[i];
+            m_out[i] = static_cast<T>(c.b1 * m[i] + (1 - c.b1) * clip * gr[i]);
+            s_out[i] = static_cast<T>(c.b2 * s[i] + (1 - c.b2) * gc * gc);
+            const double update = (m_out[i] / bc1) / (std::sqrt(s_out[i] / bc2) + c.eps) + c.weight_decay * x[i];
             out[i] = static_cast<T>(x[i] - lr * update);
           }
         });
+        Array p2 = std::move(next[0]), mu2 = std::move(next[1]), nu2 = std::move(next[2]);
         opt_state.replace(mu_path(path), with_value(opt_state.at(mu_path(path)), kOptState, std::move(mu2)));
         opt_state.replace(nu_path(path), with_value(opt_state.at(nu_path(path)), kOptState, std::move(nu2)));
         params.replace(path, with_value(v, v.kind(), std::move(p2)));
       } else if (momentum) {
         const Array& mu = opt_state.at(mu_path(path)).array(mu_path(path));
         check_same_layout(p, mu, mu_path(path));
-        Array mu2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
-          const T *m = in(mu, d, at), *gr = in(g, d, at);
-          T* out = reinterpret_cast<T*>(o);
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(clip * gr[i] + c.momentum * m[i]);
+        std::vector<Array> next = map_blocks(p, 2, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
+          const T *x = in(p, d, at), *gr = in(g, d, at), *m = in(mu, d, at);
+          T *out = reinterpret_cast<T*>(o[0]), *m_out = reinterpret_cast<T*>(o[1]);
+          for (int64_t i = 0; i < n; ++i) {
+            m_out[i] = static_cast<T>(clip * gr[i] + c.momentum * m[i]);
+            out[i] = static_cast<T>(x[i] - lr * m_out[i]);
+          }
         });
-        Array p2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
-          const T *x = in(p, d, at), *m = in(mu2, d, at);
-          T* out = reinterpret_cast<T*>(o);
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(x[i] - lr * m[i]);
-        });
+        Array p2 = std::move(next[0]), mu2 = std::move(next[1]);
         opt_state.replace(mu_path(path), with_value(opt_state.at(mu_path(path)), kOptState, std::move(mu2)));
         params.replace(path, with_value(v, v.kind(), std::move(p2)));
       } else {

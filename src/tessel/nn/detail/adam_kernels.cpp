@@ -10,23 +10,17 @@
 
 namespace tessel::nn::detail {
 
-TESSEL_VECTOR_CLONES void adam_mu_f32(double b1, double k, const float* mu, const float* g, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(b1 * mu[i] + k * g[i]);
-}
-
-TESSEL_VECTOR_CLONES void adam_nu_f32(double b2, double k, double clip, const float* nu, const float* g, float* out,
-                                      int64_t n) {
+TESSEL_VECTOR_CLONES void adam_f32(const AdamF32& c, const float* x, const float* g, const float* mu, const float* nu,
+                                   float* __restrict out, float* __restrict mu_out, float* __restrict nu_out,
+                                   int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const double gc = clip * g[i];
-    out[i] = static_cast<float>(b2 * nu[i] + k * gc * gc);
-  }
-}
-
-TESSEL_VECTOR_CLONES void adam_param_f32(double lr, double bc1, double bc2, double eps, double weight_decay,
-                                         const float* x, const float* mu, const float* nu, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double update = (mu[i] / bc1) / (std::sqrt(nu[i] / bc2) + eps) + weight_decay * x[i];
-    out[i] = static_cast<float>(x[i] - lr * update);
+    const float m = static_cast<float>(c.b1 * mu[i] + c.k1 * g[i]);
+    const double gc = c.clip * g[i];
+    const float s = static_cast<float>(c.b2 * nu[i] + c.k2 * gc * gc);
+    const double update = (m / c.bc1) / (std::sqrt(s / c.bc2) + c.eps) + c.weight_decay * x[i];
+    out[i] = static_cast<float>(x[i] - c.lr * update);
+    mu_out[i] = m;
+    nu_out[i] = s;
   }
 }
 

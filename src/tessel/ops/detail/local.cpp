@@ -41,22 +41,27 @@ class SpreadScope {
   bool owner_;
 };
 
-// Runs fn over the builder's blocks `which`: one block per pool task when there are at least as
-// many blocks as cores; with fewer (one device), the blocks one after another, the work inside
+// Runs fn(i) for i in [0, count), one per block: one block per pool task when there are at least
+// as many blocks as cores; with fewer (one device), the blocks one after another, the work inside
 // each split over the pool. BLAS stays single-threaded: its own spinning threads would fight the
 // pool for the cores.
+void run_blocks(const Runtime& rt, size_t count, const std::function<void(size_t i)>& fn) {
+  set_blas_threads(1);
+  if (count < static_cast<size_t>(rt.pool().size()) && g_spread_pool.load() == nullptr) {
+    SpreadScope spread(rt.pool());
+    for (size_t i = 0; i < count; ++i) fn(i);
+  } else {
+    rt.pool().parallel_for(static_cast<int64_t>(count), [&](int64_t i) { fn(static_cast<size_t>(i)); });
+  }
+}
+
+// run_blocks over the builder's blocks `which`.
 void run_blocks(const Runtime& rt, const tessel::detail::ArrayBuilder& builder, const std::vector<size_t>& which,
                 const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn) {
-  set_blas_threads(1);
-  if (which.size() < static_cast<size_t>(rt.pool().size()) && g_spread_pool.load() == nullptr) {
-    SpreadScope spread(rt.pool());
-    for (size_t s : which) fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
-  } else {
-    rt.pool().parallel_for(static_cast<int64_t>(which.size()), [&](int64_t i) {
-      const size_t s = which[static_cast<size_t>(i)];
-      fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
-    });
-  }
+  run_blocks(rt, which.size(), [&](size_t i) {
+    const size_t s = which[i];
+    fn(builder.shard(s).device, builder.shard(s).box, builder.data(s));
+  });
 }
 
 // The blocks this process writes, never an empty one (uneven splits leave some empty): one per
@@ -90,6 +95,31 @@ Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, co
   builder.allocate_all();
   run_blocks(rt, builder, blocks_to_write(builder, true), fn);
   return std::move(builder).finish();
+}
+
+std::vector<Array> compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                                       size_t count,
+                                       const std::function<void(int64_t device, const Box& box,
+                                                                const std::vector<std::byte*>& outs)>& fn) {
+  std::vector<tessel::detail::ArrayBuilder> builders;
+  builders.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    builders.emplace_back(rt, shape, dtype, sharding, std::string{});
+    builders.back().share_local_replicas();
+    builders.back().allocate_all();
+  }
+  if (count == 0) return {};
+  // The builders share one layout: the same blocks to write, at the same shard indices.
+  const std::vector<size_t> which = blocks_to_write(builders.front(), true);
+  run_blocks(rt, which.size(), [&](size_t i) {
+    const size_t s = which[i];
+    std::vector<std::byte*> outs;
+    for (const auto& b : builders) outs.push_back(b.data(s));
+    fn(builders.front().shard(s).device, builders.front().shard(s).box, outs);
+  });
+  std::vector<Array> out;
+  for (auto& b : builders) out.push_back(std::move(b).finish());
+  return out;
 }
 
 Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,

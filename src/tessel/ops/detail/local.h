@@ -21,6 +21,12 @@ Array compute_shards(const Runtime& rt, const Shape& shape, DType dtype, const N
 // replicas of that block share. Never for partial sums, whose replicas differ until reduced.
 Array compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                           const std::function<void(int64_t device, const Box& box, std::byte* out)>& fn);
+// `count` arrays of one layout written together: fn(device, box, outs) writes each distinct block
+// of all of them in one pass (outs[i] the block of array i), as compute_blocks_once does for one.
+std::vector<Array> compute_blocks_once(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
+                                       size_t count,
+                                       const std::function<void(int64_t device, const Box& box,
+                                                                const std::vector<std::byte*>& outs)>& fn);
 
 // One block an op writes: the device, its box of the output and its bytes.
 struct BlockTask {
