@@ -193,6 +193,44 @@ TEST(NnOps, RmsNormMatchesTheHostFusedOrNot) {
   }
 }
 
+// The scale's gradient is summed over the rows in one pass (no products written): against the host
+// on meshes whose rows are split while other axes hold replicas, with the scale split over such an
+// axis (its gradient's reduce-scatter then reads the replicas' partial sums), rank 2 to 4, in f32
+// and f64.
+TEST(NnOps, RmsNormScaleGradientSumsTheRowsOnAnyMesh) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(31);
+  const std::vector<std::vector<int64_t>> shapes = {{12, 8}, {4, 6, 8}, {2, 3, 5, 8}, {3, 0, 8}};
+  for (const char* spec : {"data=2,fsdp=2,tensor=2", "data=4,tensor=2", "data=1"}) {
+    const Mesh mesh = Mesh::parse(spec);
+    for (const auto& shape : shapes) {
+      for (DType dtype : {DType::kF32, DType::kF64}) {
+        SCOPED_TRACE(std::string(spec) + " " + Shape(shape).to_string() + " " + std::string(name(dtype)));
+        const Host x = random_host(rng, shape), w = random_host(rng, shape), scale = random_host(rng, {8});
+        const int64_t n = 8, rows = x.size() / n;
+        std::vector<double> want(8, 0.0);  // d/dscale of sum(rms_norm(x, scale) * w)
+        for (int64_t r = 0; r < rows; ++r) {
+          double ss = 0;
+          for (int64_t i = 0; i < n; ++i) ss += x.v[r * n + i] * x.v[r * n + i];
+          const double inv = 1 / std::sqrt(ss / static_cast<double>(n) + 1e-5);
+          for (int64_t i = 0; i < n; ++i) want[i] += w.v[r * n + i] * x.v[r * n + i] * inv;
+        }
+        std::vector<DimSharding> dims(shape.size());
+        if (mesh.device_count() > 1) dims[0] = {"data"};
+        if (shape.size() > 2 && std::string(spec).find("fsdp") != std::string::npos) dims[1] = {"fsdp"};
+        const NamedSharding xs(mesh, PartitionSpec(dims));
+        const NamedSharding ss = mesh.device_count() > 1 ? NamedSharding(mesh, {{"tensor"}}) : NamedSharding(mesh, {});
+        const Tensor tx = ops::cast(put(rt, x, xs), dtype), tw = ops::cast(put(rt, w, xs), dtype);
+        const Tensor ts = ops::requires_grad(ops::cast(put(rt, scale, ss), dtype));
+        const Tensor loss = ops::sum(ops::mul(ops::rms_norm(tx, ts, 1e-5), tw));
+        const Tensor g = ops::grad(loss, {ts})[0];
+        EXPECT_EQ(g.sharding(), ss);
+        expect_near(values(ops::cast(g, DType::kF64)), want, dtype == DType::kF32 ? 1e-4 : 1e-10);
+      }
+    }
+  }
+}
+
 TEST(NnOps, TakeLooksUpRowsOfAShardedTable) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(24);

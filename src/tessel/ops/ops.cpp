@@ -723,6 +723,72 @@ void rms_grad_rows(const T* x, const T* scale, const T* inv, const T* g, T* dx, 
 
 }  // namespace
 
+namespace {
+
+// rms_norm's scale gradient, the sum over the leading dimensions of g * (x * inv) (inv [..., 1]
+// per row), as sum_to(mul(g, mul(x, inv)), {n}) computes it: each product rounded, the leading
+// dimensions summed one after another from the first, each in index order: the same bits, without
+// writing the two products. A partial sum over the axes that split the rows. Spread over the
+// cores by columns, so a column's order of additions stays the same on any number of cores.
+Tensor scale_grad(const Tensor& x, const Tensor& g, const Tensor& inv) {
+  const size_t r = x.rank();
+  const int64_t n = x.shape()[r - 1];
+  Axes partial;
+  const Dims d = dims_of(x.sharding(), r);
+  for (size_t i = 0; i + 1 < r; ++i) partial = united(partial, d[i]);
+  return output(x, Shape{n}, x.dtype(), NamedSharding(x.mesh(), {}), partial,
+                [&](int64_t device, const Box&, std::byte* o) {
+    const Box& xb = block_box(x, device);
+    // The leading extents, first to last, and the rows each step of the sums leaves.
+    std::vector<int64_t> lead;
+    for (size_t i = 0; i + 1 < r; ++i) lead.push_back(xb.extent(i));
+    dispatch_float(x.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const T* px = reinterpret_cast<const T*>(block(x, device));
+      const T* pg = reinterpret_cast<const T*>(block(g, device));
+      const T* pi = reinterpret_cast<const T*>(block(inv, device));
+      T* out = reinterpret_cast<T*>(o);
+      int64_t after_first = 1;  // rows left once the first leading dimension is summed
+      for (size_t i = 1; i < lead.size(); ++i) after_first *= lead[i];
+      const int64_t first = lead.empty() ? 1 : lead[0];
+      if (after_first == 0) {  // an empty block: a sum of nothing
+        std::fill(out, out + n, T(0));
+        return;
+      }
+      detail::split_range(n, 16, [&](int64_t c0, int64_t c1) {
+        const int64_t w = c1 - c0;
+        int64_t rest = after_first;
+        // sums[q][c]: rows q of what is left after the first leading dimension's sum.
+        std::vector<T> sums(static_cast<size_t>(rest * w), T(0));
+        for (int64_t q = 0; q < rest; ++q) {
+          T* acc = sums.data() + q * w;
+          for (int64_t a = 0; a < first; ++a) {
+            const int64_t row = a * rest + q;
+            const T iv = pi[row];
+            const T* xr = px + row * n + c0;
+            const T* gr = pg + row * n + c0;
+            for (int64_t c = 0; c < w; ++c) acc[c] += gr[c] * static_cast<T>(xr[c] * iv);
+          }
+        }
+        // The other leading dimensions, each summed in order, the first of them next.
+        for (size_t i = 1; i < lead.size(); ++i) {
+          const int64_t e = lead[i];
+          const int64_t left = rest / e;
+          std::vector<T> next(static_cast<size_t>(left * w), T(0));
+          for (int64_t q = 0; q < left; ++q)
+            for (int64_t j = 0; j < e; ++j)
+              for (int64_t c = 0; c < w; ++c) next[q * w + c] += sums[(j * left + q) * w + c];
+          sums = std::move(next);
+          rest = left;
+        }
+        std::copy(sums.begin(), sums.begin() + w, out + c0);
+      });
+    });
+  });
+}
+
+}  // namespace
+
 Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
   check_operands(x_in, scale_in, "rms_norm");
   const size_t r = x_in.rank();
@@ -747,8 +813,10 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
   if (x.is_abstract()) {
     inv = Tensor::abstract(Shape(rows_shape), x.dtype(), rows_sharding);
   } else {
-    inv = Tensor(detail::compute_shards(x.shards().runtime(), Shape(rows_shape), x.dtype(), rows_sharding,
-                                        [](int64_t, const Box&, std::byte*) {}));
+    // Written below through each block's first local holder (y's blocks are computed once): the
+    // other local replicas share its bytes.
+    inv = Tensor(detail::compute_blocks_once(x.shards().runtime(), Shape(rows_shape), x.dtype(), rows_sharding,
+                                             [](int64_t, const Box&, std::byte*) {}));
   }
   Tensor y = output(x, x.shape(), x.dtype(), x.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
     const int64_t rows = n == 0 ? 0 : box.volume() / n;
@@ -780,7 +848,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
       });
     }
     // dscale = sum over rows of g * x * inv: a partial sum over the axes splitting the rows.
-    if (ns) dscale = sum_to(mul(g, mul(x, inv)), Shape{n});
+    if (ns) dscale = scale_grad(x, g, inv);
     return std::vector<Tensor>{dx, dscale};
   });
 }
