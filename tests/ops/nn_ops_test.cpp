@@ -170,6 +170,75 @@ TEST(NnOps, SoftmaxMaxAndCrossEntropyMatchTheHost) {
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("index 3 is out of range [0, 3)")));
 }
 
+// The per-position loss is one pass per row over whole classes: the same bits as the composite
+// -sum(log_softmax * one_hot), forward and gradient, in f32 and f64 (classes whole, or on an axis of
+// size 1); against the host where the classes are split; bad labels and shapes refused.
+TEST(NnOps, SoftmaxCrossEntropyWithIntegerLabelsIsTheCompositeFused) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(41);
+  auto composite = [](const Tensor& logits, const Tensor& labels) {
+    return ops::neg(ops::sum(ops::mul(ops::log_softmax(logits, 2), ops::one_hot(labels, logits)), 2));
+  };
+  auto bits = [](const Tensor& t) {
+    const HostArray h = to_host(ops::reduce(t).array());
+    return std::vector<std::byte>(h.bytes().begin(), h.bytes().end());
+  };
+  for (const char* spec : {"data=2,fsdp=2,tensor=2", "data=4,tensor=1", "data=1,tensor=1"}) {
+    const Mesh mesh = Mesh::parse(spec);
+    for (const int64_t classes : {1, 7, 16, 37}) {
+      for (const bool split_classes : {false, true}) {
+        for (DType dtype : {DType::kF32, DType::kF64}) {
+          SCOPED_TRACE(std::string(spec) + " classes " + std::to_string(classes) + (split_classes ? " split" : "") + " " +
+                       std::string(name(dtype)));
+          const Host x = random_host(rng, {4, 3, classes});
+          std::vector<int32_t> labels;
+          std::vector<double> want;
+          for (int64_t r = 0; r < 12; ++r) {
+            labels.push_back(static_cast<int32_t>(rng() % classes));
+            double m = -1e300, z = 0;
+            for (int64_t c = 0; c < classes; ++c) m = std::max(m, x.v[r * classes + c]);
+            for (int64_t c = 0; c < classes; ++c) z += std::exp(x.v[r * classes + c] - m);
+            want.push_back(std::log(z) - (x.v[r * classes + labels.back()] - m));
+          }
+          const DimSharding on_classes = split_classes ? DimSharding{"tensor"} : DimSharding{};
+          const NamedSharding xs(mesh, PartitionSpec{{"data"}, {}, on_classes});
+          const Tensor logits = ops::requires_grad(ops::cast(put(rt, x, xs), dtype));
+          const Tensor tl = put_ids(rt, {4, 3}, labels, NamedSharding(mesh, {{}, {"data"}}));
+          const Tensor loss = ops::softmax_cross_entropy_with_integer_labels(logits, tl);
+          EXPECT_EQ(loss.shape(), Shape({4, 3}));
+          expect_near(values(ops::cast(loss, DType::kF64)), want, dtype == DType::kF32 ? 1e-5 : 1e-12);
+          const Tensor w = ops::cast(put(rt, random_host(rng, {4, 3}), NamedSharding(mesh, {})), dtype);
+          const Tensor g = ops::grad(ops::sum(ops::mul(loss, w)), {logits})[0];
+          if (!split_classes || mesh.axis_size("tensor") == 1) {
+            const Tensor ref = composite(logits, tl);
+            EXPECT_EQ(bits(loss), bits(ref));
+            EXPECT_EQ(bits(g), bits(ops::grad(ops::sum(ops::mul(ref, w)), {logits})[0]));
+          }
+          // d/dx of sum(w * loss) = w * (softmax - one_hot).
+          std::vector<double> want_g;
+          for (int64_t r = 0; r < 12; ++r) {
+            double m = -1e300, z = 0;
+            for (int64_t c = 0; c < classes; ++c) m = std::max(m, x.v[r * classes + c]);
+            for (int64_t c = 0; c < classes; ++c) z += std::exp(x.v[r * classes + c] - m);
+            const double wr = values(ops::cast(w, DType::kF64))[static_cast<size_t>(r)];
+            for (int64_t c = 0; c < classes; ++c)
+              want_g.push_back(wr * (std::exp(x.v[r * classes + c] - m) / z - (c == labels[static_cast<size_t>(r)] ? 1 : 0)));
+          }
+          expect_near(values(ops::cast(g, DType::kF64)), want_g, dtype == DType::kF32 ? 1e-5 : 1e-12);
+        }
+      }
+    }
+  }
+  const Mesh mesh = Mesh::parse("data=2");
+  const Tensor t = put(rt, random_host(rng, {2, 3}), NamedSharding(mesh, {{"data"}}));
+  EXPECT_THAT([&] { ops::softmax_cross_entropy_with_integer_labels(t, put_ids(rt, {2}, {1, -1}, NamedSharding(mesh, {}))); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("index -1 is out of range [0, 3)")));
+  EXPECT_THAT([&] { ops::softmax_cross_entropy_with_integer_labels(t, put_ids(rt, {3}, {0, 1, 2}, NamedSharding(mesh, {}))); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("do not match the leading dimensions")));
+  EXPECT_THAT([&] { ops::softmax_cross_entropy_with_integer_labels(t, ops::cast(t, DType::kF32)); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("takes i32 or i64 indices")));
+}
+
 TEST(NnOps, RmsNormMatchesTheHostFusedOrNot) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(27);

@@ -688,7 +688,8 @@ Tensor softmax_fused(const Tensor& x_in) {
 Tensor softmax(const Tensor& x, size_t dim) {
   check_float(x, "softmax");
   if (dim >= x.rank()) throw ValueError("softmax: dimension " + std::to_string(dim) + " of " + x.to_string());
-  if (dim + 1 == x.rank() && dims_of(x.sharding(), x.rank())[dim].empty()) return softmax_fused(x);
+  // Fused over whole rows: an axis of size 1 on the last dimension does not split them.
+  if (dim + 1 == x.rank() && blocks_of(x.mesh(), dims_of(x.sharding(), x.rank())[dim]) == 1) return softmax_fused(x);
   // Shifted by the maximum for range; the shift cancels, so no gradient flows through it.
   const Tensor e = exp(sub(x, stop_gradient(max(x, dim, true))));
   return div(e, sum(e, dim, true));
@@ -798,7 +799,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
   }
   // The fused kernel needs whole rows; a split last dimension takes the composite path.
   const Tensor x = reduce_raw(x_in, nullptr);
-  if (!dims_of(x.sharding(), r)[r - 1].empty()) {
+  if (blocks_of(x.mesh(), dims_of(x.sharding(), r)[r - 1]) > 1) {
     const Tensor inv = rsqrt(add_scalar(mean(square(x_in), r - 1, true), eps));
     return mul(mul(x_in, inv), scale_in);
   }
@@ -856,13 +857,6 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
 Tensor log_softmax(const Tensor& x, size_t dim) {
   const Tensor shifted = sub(x, stop_gradient(max(x, dim, true)));
   return sub(shifted, log(sum(exp(shifted), dim, true)));
-}
-
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
-  if (logits.rank() < 1) throw ValueError("cross_entropy: logits need a class dimension: " + logits.to_string());
-  const size_t last = logits.rank() - 1;
-  const Tensor picked = sum(mul(log_softmax(logits, last), one_hot(labels, logits)), last);
-  return neg(mean(picked));
 }
 
 }  // namespace tessel::ops

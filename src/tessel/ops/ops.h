@@ -84,8 +84,11 @@ Tensor log_softmax(const Tensor& x, size_t dim);
 // x * rsqrt(mean(x^2 over the last dimension) + eps) * scale[last] (RMSNorm), fused in one pass
 // per row and its gradient in one more, when the last dimension is not split.
 Tensor rms_norm(const Tensor& x, const Tensor& scale, double eps);
-// The mean over all positions of -log softmax(logits)[label]; labels: i32/i64 of logits' shape
-// without its last (class) dimension.
+// -log softmax(logits)[label] at each position (optax.softmax_cross_entropy_with_integer_labels):
+// labels i32/i64 of logits' shape without its last (class) dimension, the result that shape. A
+// label outside [0, classes) throws ValueError.
+Tensor softmax_cross_entropy_with_integer_labels(const Tensor& logits, const Tensor& labels);
+// Its mean over all positions.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 
 // Sums x over the dimensions that numpy broadcasting of `shape` to x.shape() adds or stretches,

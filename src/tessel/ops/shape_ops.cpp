@@ -12,6 +12,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/ops/autodiff.h"
+#include "tessel/ops/detail/ids.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/node.h"
 #include "tessel/ops/detail/propagation.h"
@@ -208,23 +209,6 @@ Tensor mask_raw(const Tensor& x_in, double fill, int64_t window) {
       });
     });
   });
-}
-
-void check_ids(const Tensor& ids, const char* op) {
-  if (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64) {
-    throw ValueError(std::string(op) + " takes i32 or i64 indices, not " + ids.to_string());
-  }
-  if (ids.is_partial()) throw ValueError(std::string(op) + ": indices cannot be a partial sum: " + ids.to_string());
-}
-
-int64_t id_at(const Tensor& ids, int64_t device, int64_t i) {
-  const std::byte* p = block(ids, device);
-  return ids.dtype() == DType::kI32 ? reinterpret_cast<const int32_t*>(p)[i] : reinterpret_cast<const int64_t*>(p)[i];
-}
-
-[[noreturn]] void bad_id(const char* op, int64_t id, int64_t size) {
-  throw ValueError(std::string(op) + ": index " + std::to_string(id) + " is out of range [0, " + std::to_string(size) +
-                   ")");
 }
 
 // The gradient of take with respect to the table: rows of g added at their ids; a partial sum
@@ -732,5 +716,26 @@ Tensor cast(const Tensor& x, DType dtype) {
   const DType from = x.dtype();
   return record(out, {x}, [from](const Tensor& g) { return std::vector<Tensor>{cast(g, from)}; });
 }
+
+namespace detail {
+
+void check_ids(const Tensor& ids, const char* op) {
+  if (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64) {
+    throw ValueError(std::string(op) + " takes i32 or i64 indices, not " + ids.to_string());
+  }
+  if (ids.is_partial()) throw ValueError(std::string(op) + ": indices cannot be a partial sum: " + ids.to_string());
+}
+
+int64_t id_at(const Tensor& ids, int64_t device, int64_t i) {
+  const std::byte* p = block(ids, device);
+  return ids.dtype() == DType::kI32 ? reinterpret_cast<const int32_t*>(p)[i] : reinterpret_cast<const int64_t*>(p)[i];
+}
+
+void bad_id(const char* op, int64_t id, int64_t size) {
+  throw ValueError(std::string(op) + ": index " + std::to_string(id) + " is out of range [0, " + std::to_string(size) +
+                   ")");
+}
+
+}  // namespace detail
 
 }  // namespace tessel::ops
