@@ -235,6 +235,9 @@ TEST(NnOps, SoftmaxCrossEntropyWithIntegerLabelsIsTheCompositeFused) {
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("index -1 is out of range [0, 3)")));
   EXPECT_THAT([&] { ops::softmax_cross_entropy_with_integer_labels(t, put_ids(rt, {3}, {0, 1, 2}, NamedSharding(mesh, {}))); },
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("do not match the leading dimensions")));
+  const Tensor scalar = ops::sum(t);
+  EXPECT_THAT([&] { ops::cross_entropy(scalar, put_ids(rt, {}, {0}, NamedSharding(mesh, {}))); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("logits need a class dimension")));
   EXPECT_THAT([&] { ops::softmax_cross_entropy_with_integer_labels(t, ops::cast(t, DType::kF32)); },
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("takes i32 or i64 indices")));
 }

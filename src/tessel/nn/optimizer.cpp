@@ -36,24 +36,12 @@ Variable with_value(const Variable& v, std::string kind, Array value) {
   return out;
 }
 
-// A new array on x's layout, each device's block written by fn(device, at, count, out) in
-// element ranges [at, at + count) (over the cores when the blocks are fewer than the cores; the
-// arithmetic is elementwise, so the split does not change a bit). `out` points at element at.
-template <class Fn>
-Array map_blocks(const Array& x, Fn fn) {
-  // Parameters, their optimizer state and the reduced gradients hold equal replicas, so do the
-  // updates: one per distinct block, shared by the other replicas (data parallelism on one host
-  // would otherwise repeat the arithmetic once per device).
-  const auto item = static_cast<int64_t>(item_size(x.dtype()));
-  return ops::detail::compute_blocks_once(
-      x.runtime(), x.shape(), x.dtype(), x.sharding(), [&](int64_t device, const Box& box, std::byte* out) {
-        ops::detail::split_range(box.volume(), int64_t{1} << 14,
-                                 [&](int64_t lo, int64_t hi) { fn(device, lo, hi - lo, out + lo * item); });
-      });
-}
-
-// map_blocks for `count` new arrays on x's layout written together: fn(device, at, count, outs),
-// outs[i] pointing at element at of array i's block.
+// `count` new arrays on x's layout written together: fn(device, at, n, outs) writes elements
+// [at, at + n) of each device's block of every array, outs[i] pointing at element at of array i
+// (over the cores when the blocks are fewer than the cores; the arithmetic is elementwise, so the
+// split does not change a bit). Parameters, their optimizer state and the reduced gradients hold
+// equal replicas, so do the updates: one per distinct block, shared by the other replicas (data
+// parallelism on one host would otherwise repeat the arithmetic once per device).
 template <class Fn>
 std::vector<Array> map_blocks(const Array& x, size_t count, Fn fn) {
   const auto item = static_cast<int64_t>(item_size(x.dtype()));
@@ -66,6 +54,14 @@ std::vector<Array> map_blocks(const Array& x, size_t count, Fn fn) {
           fn(device, lo, hi - lo, at);
         });
       });
+}
+
+// One new array: fn(device, at, n, out).
+template <class Fn>
+Array map_blocks(const Array& x, Fn fn) {
+  return std::move(map_blocks(x, 1, [&](int64_t device, int64_t at, int64_t n, const std::vector<std::byte*>& outs) {
+    fn(device, at, n, outs[0]);
+  })[0]);
 }
 
 template <class Fn>

@@ -63,16 +63,17 @@ Tensor softmax_cross_entropy_with_integer_labels(const Tensor& logits_in, const 
   check_ids(labels_in, kOp);
   check_float(logits_in, kOp);
   const size_t r = logits_in.rank();
-  if (r < 1 || labels_in.rank() + 1 != r ||
+  if (r < 1) throw ValueError(std::string(kOp) + ": logits need a class dimension: " + logits_in.to_string());
+  if (labels_in.rank() + 1 != r ||
       !std::equal(labels_in.shape().dims().begin(), labels_in.shape().dims().end(), logits_in.shape().dims().begin())) {
     throw ValueError(std::string(kOp) + ": labels " + labels_in.to_string() + " do not match the leading dimensions of " +
                      logits_in.to_string());
   }
   const Tensor logits = reduce_raw(logits_in, nullptr);
-  const Dims d = dims_of(logits.sharding(), r);
-  if (blocks_of(logits.mesh(), d[r - 1]) > 1) {  // classes split over devices: the composite's sums cross them
+  if (!last_dim_whole(logits)) {  // classes split over devices: the composite's sums cross them
     return neg(sum(mul(log_softmax(logits_in, r - 1), one_hot(labels_in, logits_in)), r - 1));
   }
+  const Dims d = dims_of(logits.sharding(), r);
   const NamedSharding rows_sharding = with_dims(logits.mesh(), Dims(d.begin(), d.end() - 1));
   const Tensor labels = reshard_raw(labels_in, rows_sharding);
   // -log p[label] = log(z) - (x[label] - max), as the composite's neg(sum(log_softmax * one_hot)).
@@ -110,7 +111,6 @@ Tensor softmax_cross_entropy_with_integer_labels(const Tensor& logits_in, const 
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
-  if (logits.rank() < 1) throw ValueError("cross_entropy: logits need a class dimension: " + logits.to_string());
   return mean(softmax_cross_entropy_with_integer_labels(logits, labels));
 }
 

@@ -688,8 +688,7 @@ Tensor softmax_fused(const Tensor& x_in) {
 Tensor softmax(const Tensor& x, size_t dim) {
   check_float(x, "softmax");
   if (dim >= x.rank()) throw ValueError("softmax: dimension " + std::to_string(dim) + " of " + x.to_string());
-  // Fused over whole rows: an axis of size 1 on the last dimension does not split them.
-  if (dim + 1 == x.rank() && blocks_of(x.mesh(), dims_of(x.sharding(), x.rank())[dim]) == 1) return softmax_fused(x);
+  if (dim + 1 == x.rank() && last_dim_whole(x)) return softmax_fused(x);
   // Shifted by the maximum for range; the shift cancels, so no gradient flows through it.
   const Tensor e = exp(sub(x, stop_gradient(max(x, dim, true))));
   return div(e, sum(e, dim, true));
@@ -740,7 +739,7 @@ Tensor scale_grad(const Tensor& x, const Tensor& g, const Tensor& inv) {
   return output(x, Shape{n}, x.dtype(), NamedSharding(x.mesh(), {}), partial,
                 [&](int64_t device, const Box&, std::byte* o) {
     const Box& xb = block_box(x, device);
-    // The leading extents, first to last, and the rows each step of the sums leaves.
+    // The leading extents, first to last.
     std::vector<int64_t> lead;
     for (size_t i = 0; i + 1 < r; ++i) lead.push_back(xb.extent(i));
     dispatch_float(x.dtype(), [&](auto zero) {
@@ -799,7 +798,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
   }
   // The fused kernel needs whole rows; a split last dimension takes the composite path.
   const Tensor x = reduce_raw(x_in, nullptr);
-  if (blocks_of(x.mesh(), dims_of(x.sharding(), r)[r - 1]) > 1) {
+  if (!last_dim_whole(x)) {
     const Tensor inv = rsqrt(add_scalar(mean(square(x_in), r - 1, true), eps));
     return mul(mul(x_in, inv), scale_in);
   }

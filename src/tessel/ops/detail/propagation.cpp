@@ -103,6 +103,10 @@ int64_t blocks_of(const Mesh& mesh, const DimSharding& axes) {
   return n;
 }
 
+bool last_dim_whole(const Tensor& x) {
+  return x.rank() == 0 || blocks_of(x.mesh(), dims_of(x.sharding(), x.rank())[x.rank() - 1]) == 1;
+}
+
 // Reduces the partial axes of x: reduce-scatter into `target`'s dimensions where the target
 // splits a dimension further over a partial axis (and the split is even), all-reduce the rest.
 Tensor reduce_raw(const Tensor& x, const NamedSharding* target) {

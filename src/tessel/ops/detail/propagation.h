@@ -28,6 +28,9 @@ Axes minus(const Axes& a, const Axes& b);
 Axes all_axes(const Dims& dims);
 Axes united(Axes a, const Axes& b);  // sorted
 int64_t blocks_of(const Mesh& mesh, const DimSharding& axes);
+// Whether every device holds whole rows of x's last dimension (axes of size 1 do not split it):
+// the condition of the ops fused per row.
+bool last_dim_whole(const Tensor& x);
 
 // Whether a gradient must flow into t (it is in the autodiff graph): backward functions skip
 // the products nobody asked for (the input batch's gradient, say).
