@@ -486,6 +486,57 @@ TEST(NnOps, CausalMaskRopeAndCast) {
   }
 }
 
+// Rope's rotation is computed in the input's dtype from cos and sin rounded to it, the same bits
+// whichever vector width the kernel runs at (it must not contract x * c - y * s into an FMA) and
+// wherever a block's positions start: the forward, and the backward (the rotation by -angle), in
+// f32 and f64, against that formula written out here, with a head_dim whose half (35) leaves
+// vector tails and positions sharded.
+TEST(NnOps, RopeHasTheScalarFormulasBitsOnAnyMesh) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(31);
+  const int64_t b = 2, s = 12, h = 3, half = 35, d = 2 * half;
+  auto rotate = [&]<class T>(const std::vector<double>& x, double sign) {
+    std::vector<double> want(x.size());
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t p = 0; p < s; ++p)
+        for (int64_t k = 0; k < half; ++k) {
+          const double angle = static_cast<double>(p) * (1.0 / std::pow(10000.0, 2.0 * static_cast<double>(k) / d));
+          const T c = static_cast<T>(std::cos(angle)), sn = static_cast<T>(sign * std::sin(angle));
+          for (int64_t j = 0; j < h; ++j) {
+            const size_t base = static_cast<size_t>(((i * s + p) * h + j) * d);
+            const T x1 = static_cast<T>(x[base + k]), x2 = static_cast<T>(x[base + k + half]);
+            const T a1 = x1 * c, b1 = x2 * sn, a2 = x2 * c, b2 = x1 * sn;
+            want[base + k] = static_cast<double>(static_cast<T>(a1 - b1));
+            want[base + k + half] = static_cast<double>(static_cast<T>(a2 + b2));
+          }
+        }
+    return want;
+  };
+  for (int iter = 0; iter < 6; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    const DType dtype = iter % 2 ? DType::kF64 : DType::kF32;
+    SCOPED_TRACE(mesh.to_string() + " " + std::string(name(dtype)));
+    const NamedSharding sharding(mesh, testing::random_spec(rng, mesh, 4));
+    Host x = random_host(rng, {b, s, h, d}), g = random_host(rng, {b, s, h, d});
+    if (dtype == DType::kF32) {  // values an f32 holds exactly, so the host formula starts from the same inputs
+      for (auto* v : {&x.v, &g.v})
+        for (double& e : *v) e = static_cast<float>(e);
+    }
+    const Tensor tx = ops::requires_grad(ops::cast(put(rt, x, sharding), dtype));
+    const Tensor y = ops::rope(tx, 1);
+    const std::vector<double> gx = values(
+        ops::cast(ops::grad(ops::sum(ops::mul(y, ops::cast(put(rt, g, sharding), dtype))), {tx})[0], DType::kF64));
+    const std::vector<double> got = values(ops::cast(y, DType::kF64));
+    if (dtype == DType::kF32) {
+      EXPECT_EQ(got, rotate.operator()<float>(x.v, 1.0));
+      EXPECT_EQ(gx, rotate.operator()<float>(g.v, -1.0));
+    } else {
+      EXPECT_EQ(got, rotate.operator()<double>(x.v, 1.0));
+      EXPECT_EQ(gx, rotate.operator()<double>(g.v, -1.0));
+    }
+  }
+}
+
 // slice, concat and broadcast_like (MLA's pieces) against host loops, gradients against finite
 // differences, on random meshes and shardings.
 TEST(NnOps, SliceConcatAndBroadcastMoveTheRightElements) {

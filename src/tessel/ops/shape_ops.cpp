@@ -16,8 +16,10 @@
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/node.h"
 #include "tessel/ops/detail/propagation.h"
+#include "tessel/ops/detail/rope_kernels.h"
 #include "tessel/ops/ops.h"
 #include "tessel/runtime/cast.h"
+#include "tessel/runtime/worker_pool.h"
 
 namespace tessel::ops {
 namespace {
@@ -127,39 +129,46 @@ double rope_frequency(const RopeStyle& style, int64_t k, int64_t d) {
   return (1 - smooth) * freq / kFactor + smooth * freq;
 }
 
+// cos and sign * sin of every position's angles, [seq, half] each, computed once for all blocks
+// (devices that hold the same positions share it), positions spread over the cores.
 template <class T>
-void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, double sign, const RopeStyle& style) {
+struct RopeTable {
+  std::vector<T> cos, sin;
+};
+
+template <class T>
+RopeTable<T> rope_table(WorkerPool& pool, int64_t seq, int64_t d, double sign, const RopeStyle& style) {
+  const int64_t half = d / 2;
+  std::vector<double> freq(static_cast<size_t>(half));
+  for (int64_t k = 0; k < half; ++k) freq[k] = rope_frequency(style, k, d);
+  RopeTable<T> t{std::vector<T>(static_cast<size_t>(seq * half)), std::vector<T>(static_cast<size_t>(seq * half))};
+  constexpr int64_t kGrain = 16;  // positions per task
+  pool.parallel_for((seq + kGrain - 1) / kGrain, [&](int64_t p) {
+    for (int64_t s = p * kGrain; s < std::min(seq, (p + 1) * kGrain); ++s) {
+      for (int64_t k = 0; k < half; ++k) {
+        const double angle = static_cast<double>(s) * freq[k];
+        t.cos[s * half + k] = static_cast<T>(std::cos(angle));
+        t.sin[s * half + k] = static_cast<T>(sign * std::sin(angle));
+      }
+    }
+  });
+  return t;
+}
+
+template <class T>
+void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, const RopeTable<T>& table, bool interleaved) {
   const size_t r = box.rank();
   const int64_t d = box.extent(r - 1), half = d / 2;
   int64_t outer = 1, inner = 1;
   for (size_t i = 0; i < seq_dim; ++i) outer *= box.extent(i);
   for (size_t i = seq_dim + 1; i + 1 < r; ++i) inner *= box.extent(i);
   const int64_t seq = box.extent(seq_dim);
-  std::vector<double> freq(static_cast<size_t>(half));
-  for (int64_t k = 0; k < half; ++k) freq[k] = rope_frequency(style, k, d);
-  // Positions split over the cores: a block's table of angles is most of the work.
   detail::split_range(seq, 4, [&](int64_t s_lo, int64_t s_hi) {
-    std::vector<T> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
     for (int64_t s = s_lo; s < s_hi; ++s) {
-      const double pos = static_cast<double>(box.start(seq_dim) + s);
-      for (int64_t k = 0; k < half; ++k) {
-        const double angle = pos * freq[k];
-        cos_t[k] = static_cast<T>(std::cos(angle));
-        sin_t[k] = static_cast<T>(sign * std::sin(angle));
-      }
+      const size_t at = static_cast<size_t>((box.start(seq_dim) + s) * half);
       for (int64_t a = 0; a < outer; ++a) {
-        for (int64_t h = 0; h < inner; ++h) {
-          const int64_t off = ((a * seq + s) * inner + h) * d;
-          const T* x = in + off;
-          T* y = out + off;
-          const int64_t step = style.interleaved ? 2 : 1, partner = style.interleaved ? 1 : half;
-          for (int64_t k = 0; k < half; ++k) {
-            const int64_t i = k * step, j = i + partner;
-            const T xi = x[i], xj = x[j];
-            y[i] = xi * cos_t[k] - xj * sin_t[k];
-            y[j] = xj * cos_t[k] + xi * sin_t[k];
-          }
-        }
+        const int64_t off = (a * seq + s) * inner * d;
+        detail::rope_heads(in + off, out + off, table.cos.data() + at, table.sin.data() + at, inner, half, interleaved);
       }
     }
   });
@@ -172,14 +181,20 @@ Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, const RopeStyle& s
     d.back() = {};
     placed = reshard_raw(reduce_raw(x, nullptr), with_dims(x.mesh(), d));
   }
-  return output(placed, placed.shape(), placed.dtype(), placed.sharding(), placed.partial(),
-                [&](int64_t device, const Box& box, std::byte* o) {
-                  dispatch_float(placed.dtype(), [&](auto zero) {
-                    using T = decltype(zero);
+  Tensor out;
+  dispatch_float(placed.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const RopeTable<T> table = placed.is_abstract()
+                                   ? RopeTable<T>{}
+                                   : rope_table<T>(placed.shards().runtime().pool(), placed.shape()[seq_dim],
+                                                   placed.shape()[placed.rank() - 1], sign, style);
+    out = output(placed, placed.shape(), placed.dtype(), placed.sharding(), placed.partial(),
+                  [&](int64_t device, const Box& box, std::byte* o) {
                     rope_block<T>(box, seq_dim, reinterpret_cast<const T*>(block(placed, device)),
-                                  reinterpret_cast<T*>(o), sign, style);
+                                  reinterpret_cast<T*>(o), table, style.interleaved);
                   });
-                });
+  });
+  return out;
 }
 
 // x with entries above the diagonal of the last two dimensions (key > query) set to `fill`.
