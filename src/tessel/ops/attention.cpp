@@ -80,68 +80,90 @@ void visible_rows(const Layout& l, T* block, int64_t r0, int64_t r1, Fn&& fn) {
   }
 }
 
-// P = softmax(mask(q k^T)) for batch row t and key/value head j.
+// The per-head steps below take one head's blocks: its probabilities (or score gradients) `pb`,
+// [s, s]; its rows of q, dq, o or do (rows q_row or o_row apart); the rows of its key/value head in
+// k, v, dk or dv (k_row or v_row apart).
+
+// P = softmax(mask(q k^T)) for one head.
 template <class T>
-void probabilities(const Layout& l, DType dt, const T* q, const T* k, T* p, int64_t t, int64_t j) {
+void head_probabilities(const Layout& l, DType dt, const T* qi, const T* kj, T* pb) {
+  l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
+    gemm_strided(dt, false, true, r1 - r0, hi - lo, l.d, bytes(qi + r0 * l.q_row()), l.q_row(), bytes(kj + lo * l.k_row()),
+                 l.k_row(), bytes(pb + r0 * l.s + lo), l.s, false);
+    visible_rows(l, pb, r0, r1, [](T* row, int64_t n) { softmax_rows(row, row, 1, n); });
+  });
+}
+
+// out = w x for one head: o (w = P, x = v, width dv) or dq (w = dS, x = k, width d). Rows of x are
+// x_row apart, of out out_row.
+template <class T>
+void head_rows_times(const Layout& l, DType dt, const T* wb, const T* xj, int64_t x_row, T* oi, int64_t out_row,
+                     int64_t width) {
+  l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
+    gemm_strided(dt, false, false, r1 - r0, width, hi - lo, bytes(wb + r0 * l.s + lo), l.s, bytes(xj + lo * x_row),
+                 x_row, bytes(oi + r0 * out_row), out_row, false);
+  });
+}
+
+// dS = P * (dP - rowsum(dP * P)) with dP = do v^T: the gradient of one head's scores (zero where
+// masked).
+template <class T>
+void head_score_grads(const Layout& l, DType dt, const T* pb, const T* vj, const T* go_i, T* db) {
+  l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
+    gemm_strided(dt, false, true, r1 - r0, hi - lo, l.dv, bytes(go_i + r0 * l.o_row()), l.o_row(),
+                 bytes(vj + lo * l.v_row()), l.v_row(), bytes(db + r0 * l.s + lo), l.s, false);
+    visible_rows(l, db, r0, r1, [&](T* row, int64_t n) {
+      const T* prob = pb + (row - db);
+      softmax_grad_rows(prob, row, row, 1, n);
+    });
+  });
+}
+
+// out[keys] += w^T x over one head's query blocks, in order: dk (w = dS, x = q, width d) or dv
+// (w = P, x = do, width dv).
+template <class T>
+void head_key_grads(const Layout& l, DType dt, const T* wb, const T* xi, int64_t x_row, T* out, int64_t out_row,
+                    int64_t width) {
+  l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
+    gemm_strided(dt, true, false, hi - lo, width, r1 - r0, bytes(wb + r0 * l.s + lo), l.s, bytes(xi + r0 * x_row),
+                 x_row, bytes(out + lo * out_row), out_row, true);
+  });
+}
+
+// The forward for batch row t and key/value head j: each head's probabilities, then its output
+// rows while they are in cache.
+template <class T>
+void forward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v, T* p, T* o, int64_t t, int64_t j) {
   for (int64_t gi = 0; gi < l.g; ++gi) {
+    const int64_t i = j * l.g + gi;
     T* pb = p + l.p_at(t, j, gi);
-    const T* qi = q + l.q_at(t, j * l.g + gi);
-    l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-      gemm_strided(dt, false, true, r1 - r0, hi - lo, l.d, bytes(qi + r0 * l.q_row()), l.q_row(),
-                   bytes(k + l.k_at(t, j) + lo * l.k_row()), l.k_row(), bytes(pb + r0 * l.s + lo), l.s, false);
-      visible_rows(l, pb, r0, r1, [](T* row, int64_t n) { softmax_rows(row, row, 1, n); });
-    });
+    head_probabilities(l, dt, q + l.q_at(t, i), k + l.k_at(t, j), pb);
+    head_rows_times(l, dt, pb, v + l.v_at(t, j), l.v_row(), o + l.o_at(t, i), l.o_row(), l.dv);
   }
 }
 
-// out[queries of head i] = w x for every head i of the group of key/value head j: o (w = P,
-// x = v, width dv) or dq (w = dS, x = k, width d). Rows of x are x_row apart, of out out_row.
+// The backward for batch row t and key/value head j, one head at a time with its score gradients
+// in `ds` ([s, s] scratch, in cache while dq and dk use them): dq, dk, dv where asked (nullptr
+// otherwise). dk and dv sum the group's heads in order.
 template <class T>
-void rows_times(const Layout& l, DType dt, const T* w, const T* x, int64_t x_row, T* out, int64_t out_row,
-                int64_t width, int64_t t, int64_t j) {
-  const T* xj = x + t * l.s * x_row + j * width;
-  for (int64_t gi = 0; gi < l.g; ++gi) {
-    const T* wb = w + l.p_at(t, j, gi);
-    T* oi = out + t * l.s * out_row + (j * l.g + gi) * width;
-    l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-      gemm_strided(dt, false, false, r1 - r0, width, hi - lo, bytes(wb + r0 * l.s + lo), l.s, bytes(xj + lo * x_row),
-                   x_row, bytes(oi + r0 * out_row), out_row, false);
-    });
+void backward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v, const T* p, const T* go, T* dq,
+                   T* dk, T* dv, T* ds, int64_t t, int64_t j) {
+  T* dkj = dk ? dk + l.k_at(t, j) : nullptr;
+  T* dvj = dv ? dv + l.v_at(t, j) : nullptr;
+  for (int64_t pos = 0; pos < l.s; ++pos) {
+    if (dkj) std::fill_n(dkj + pos * l.k_row(), l.d, T(0));
+    if (dvj) std::fill_n(dvj + pos * l.v_row(), l.dv, T(0));
   }
-}
-
-// dS = P * (dP - rowsum(dP * P)) with dP = do v^T: the gradient of the scores (zero where masked).
-template <class T>
-void score_grads(const Layout& l, DType dt, const T* p, const T* v, const T* go, T* ds, int64_t t, int64_t j) {
   for (int64_t gi = 0; gi < l.g; ++gi) {
+    const int64_t i = j * l.g + gi;
     const T* pb = p + l.p_at(t, j, gi);
-    T* db = ds + l.p_at(t, j, gi);
-    const T* gi_rows = go + l.o_at(t, j * l.g + gi);
-    l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-      gemm_strided(dt, false, true, r1 - r0, hi - lo, l.dv, bytes(gi_rows + r0 * l.o_row()), l.o_row(),
-                   bytes(v + l.v_at(t, j) + lo * l.v_row()), l.v_row(), bytes(db + r0 * l.s + lo), l.s, false);
-      visible_rows(l, db, r0, r1, [&](T* row, int64_t n) {
-        const T* prob = pb + (row - db);
-        softmax_grad_rows(prob, row, row, 1, n);
-      });
-    });
-  }
-}
-
-// out[keys] = sum over the group's heads and query blocks of w^T x, for the key/value head j:
-// dk (w = dS, x = q, width d) or dv (w = P, x = do, width dv). The order of the sums is fixed.
-template <class T>
-void key_grads(const Layout& l, DType dt, const T* w, const T* x, int64_t x_row, int64_t x_head, T* out,
-               int64_t out_row, int64_t width, int64_t t, int64_t j) {
-  out += t * l.s * out_row + j * width;
-  for (int64_t pos = 0; pos < l.s; ++pos) std::fill_n(out + pos * out_row, width, T(0));
-  for (int64_t gi = 0; gi < l.g; ++gi) {
-    const T* wb = w + l.p_at(t, j, gi);
-    const T* xi = x + t * l.s * x_row + (j * l.g + gi) * x_head;
-    l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-      gemm_strided(dt, true, false, hi - lo, width, r1 - r0, bytes(wb + r0 * l.s + lo), l.s, bytes(xi + r0 * x_row),
-                   x_row, bytes(out + lo * out_row), out_row, true);
-    });
+    const T* go_i = go + l.o_at(t, i);
+    if (dq || dk) {
+      head_score_grads(l, dt, pb, v + l.v_at(t, j), go_i, ds);
+      if (dq) head_rows_times(l, dt, static_cast<const T*>(ds), k + l.k_at(t, j), l.k_row(), dq + l.q_at(t, i), l.q_row(), l.d);
+      if (dk) head_key_grads(l, dt, static_cast<const T*>(ds), q + l.q_at(t, i), l.q_row(), dkj, l.k_row(), l.d);
+    }
+    if (dv) head_key_grads(l, dt, pb, go_i, l.o_row(), dvj, l.v_row(), l.dv);
   }
 }
 
@@ -178,62 +200,60 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
   const Tensor v = reshard_raw(v0, in_sharding).with_node(nullptr);
   const DType dt = q.dtype();
   const Shape probs_shape{b, kv, g, s, s};
-  // A device's layout from its block of an array whose dimension `heads_dim` counts `per_kv` of
-  // each key/value head: the probabilities (1, 1), q, dq and o (2, g), k, v, dk and dv (2, 1).
-  auto layout = [=](const Box& box, size_t heads_dim, int64_t per_kv) {
-    return Layout{box.extent(0), s, box.extent(heads_dim) / per_kv, g, d, dv, window};
-  };
-  // fn(layout, device, out, t, j, zero) for every (batch row, key/value head) of each device's
-  // block, out the block as T* (T the type of `zero`).
-  auto per_pair = [=](const Shape& shape, const NamedSharding& sharding, size_t heads_dim, int64_t per_kv, auto fn) {
-    return output(q, shape, dt, sharding, {}, [&](int64_t device, const Box& box, std::byte* out) {
-      const Layout l = layout(box, heads_dim, per_kv);
-      for_pairs(l, [&](int64_t t, int64_t j) {
-        dispatch_float(dt, [&](auto zero) { fn(l, device, reinterpret_cast<decltype(zero)*>(out), t, j, zero); });
-      });
-    });
+  // A device's layout from its block of an array whose dimension 2 counts `per_kv` of each
+  // key/value head: q, dq and o (g), k, v, dk and dv (1).
+  auto layout = [=](const Box& box, int64_t per_kv) {
+    return Layout{box.extent(0), s, box.extent(2) / per_kv, g, d, dv, window};
   };
   // A device's block of x as T.
   auto in = [](const Tensor& x, int64_t device, auto zero) {
     return reinterpret_cast<const decltype(zero)*>(block(x, device));
   };
+  auto as = [](std::byte* out, auto zero) { return reinterpret_cast<decltype(zero)*>(out); };
 
-  const Tensor p = per_pair(probs_shape, probs_sharding, 1, 1, [&](const Layout& l, int64_t device, auto* out,
-                                                                       int64_t t, int64_t j, auto zero) {
-    probabilities(l, dt, in(q, device, zero), in(k, device, zero), out, t, j);
-  });
-  const Tensor o = per_pair(Shape{b, s, h, dv}, in_sharding, 2, g, [&](const Layout& l, int64_t device, auto* out,
-                                                                          int64_t t, int64_t j, auto zero) {
-    rows_times(l, dt, in(p, device, zero), in(v, device, zero), l.v_row(), out, l.o_row(), l.dv, t, j);
-  });
+  // The probabilities (kept for the backward) and the output, each head's in one go.
+  const std::vector<Tensor> p_and_o = outputs(
+      q, {{probs_shape, probs_sharding}, {Shape{b, s, h, dv}, in_sharding}}, dt,
+      [&](int64_t device, const std::vector<Box>& boxes, const std::vector<std::byte*>& outs) {
+        const Layout l = layout(boxes[1], g);
+        dispatch_float(dt, [&](auto zero) {
+          for_pairs(l, [&](int64_t t, int64_t j) {
+            forward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero), as(outs[0], zero),
+                         as(outs[1], zero), t, j);
+          });
+        });
+      });
+  const Tensor& p = p_and_o[0];
 
-  return record(o, {q_in, k_in, v_in}, [=, nq = needs(q_in), nk = needs(k_in), nv = needs(v_in)](const Tensor& g_in) {
+  return record(p_and_o[1], {q_in, k_in, v_in}, [=, nq = needs(q_in), nk = needs(k_in), nv = needs(v_in)](const Tensor& g_in) {
     const Tensor go = reshard_raw(reduce_raw(g_in, nullptr), in_sharding);
-    Tensor dq, dk, dvt;
-    if (nq || nk) {
-      const Tensor ds = per_pair(probs_shape, probs_sharding, 1, 1, [&](const Layout& l, int64_t device, auto* out,
-                                                                            int64_t t, int64_t j, auto zero) {
-        score_grads(l, dt, in(p, device, zero), in(v, device, zero), in(go, device, zero), out, t, j);
-      });
-      if (nq) {
-        dq = per_pair(q.shape(), in_sharding, 2, g, [&](const Layout& l, int64_t device, auto* out, int64_t t,
-                                                             int64_t j, auto zero) {
-          rows_times(l, dt, in(ds, device, zero), in(k, device, zero), l.k_row(), out, l.q_row(), l.d, t, j);
+    // The gradients asked for, each (batch row, key/value head) pair's in one go.
+    std::vector<OutputLayout> wanted;
+    if (nq) wanted.push_back({q.shape(), in_sharding});
+    if (nk) wanted.push_back({k.shape(), in_sharding});
+    if (nv) wanted.push_back({v.shape(), in_sharding});
+    if (wanted.empty()) return std::vector<Tensor>{Tensor(), Tensor(), Tensor()};
+    const std::vector<Tensor> grads = outputs(
+        q, wanted, dt, [&](int64_t device, const std::vector<Box>& boxes, const std::vector<std::byte*>& outs) {
+          const Layout l = layout(boxes[0], nq ? g : 1);
+          dispatch_float(dt, [&](auto zero) {
+            using T = decltype(zero);
+            size_t next = 0;
+            T* dq = nq ? as(outs[next++], zero) : nullptr;
+            T* dk = nk ? as(outs[next++], zero) : nullptr;
+            T* dvb = nv ? as(outs[next++], zero) : nullptr;
+            // for_pairs' split, with one head's score gradients as scratch per piece.
+            split_range(l.batch * l.kv, 1, [&](int64_t lo, int64_t hi) {
+              std::vector<T> ds(nq || nk ? static_cast<size_t>(l.s * l.s) : 0);
+              for (int64_t x = lo; x < hi; ++x) {
+                backward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero),
+                              in(p, device, zero), in(go, device, zero), dq, dk, dvb, ds.data(), x / l.kv, x % l.kv);
+              }
+            });
+          });
         });
-      }
-      if (nk) {
-        dk = per_pair(k.shape(), in_sharding, 2, 1, [&](const Layout& l, int64_t device, auto* out, int64_t t,
-                                                             int64_t j, auto zero) {
-          key_grads(l, dt, in(ds, device, zero), in(q, device, zero), l.q_row(), l.d, out, l.k_row(), l.d, t, j);
-        });
-      }
-    }
-    if (nv) {
-      dvt = per_pair(v.shape(), in_sharding, 2, 1, [&](const Layout& l, int64_t device, auto* out, int64_t t,
-                                                            int64_t j, auto zero) {
-        key_grads(l, dt, in(p, device, zero), in(go, device, zero), l.o_row(), l.dv, out, l.v_row(), l.dv, t, j);
-      });
-    }
+    size_t next = 0;
+    Tensor dq = nq ? grads[next++] : Tensor(), dk = nk ? grads[next++] : Tensor(), dvt = nv ? grads[next++] : Tensor();
     return std::vector<Tensor>{dq, dk, dvt};
   });
 }

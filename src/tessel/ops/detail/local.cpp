@@ -101,21 +101,38 @@ std::vector<Array> compute_blocks_once(const Runtime& rt, const Shape& shape, DT
                                        size_t count,
                                        const std::function<void(int64_t device, const Box& box,
                                                                 const std::vector<std::byte*>& outs)>& fn) {
+  return compute_blocks_once(rt, std::vector<OutputLayout>(count, OutputLayout{shape, sharding}), dtype,
+                             [&](int64_t device, const std::vector<Box>& boxes, const std::vector<std::byte*>& outs) {
+                               fn(device, boxes.front(), outs);
+                             });
+}
+
+std::vector<Array> compute_blocks_once(const Runtime& rt, const std::vector<OutputLayout>& layouts, DType dtype,
+                                       const std::function<void(int64_t device, const std::vector<Box>& boxes,
+                                                                const std::vector<std::byte*>& outs)>& fn) {
   std::vector<tessel::detail::ArrayBuilder> builders;
-  builders.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    builders.emplace_back(rt, shape, dtype, sharding, std::string{});
+  builders.reserve(layouts.size());
+  for (const OutputLayout& l : layouts) {
+    builders.emplace_back(rt, l.shape, dtype, l.sharding, std::string{});
     builders.back().share_local_replicas();
     builders.back().allocate_all();
   }
-  if (count == 0) return {};
-  // The builders share one layout: the same blocks to write, at the same shard indices.
+  if (builders.empty()) return {};
   const std::vector<size_t> which = blocks_to_write(builders.front(), true);
+  for (size_t i = 1; i < builders.size(); ++i) {
+    if (blocks_to_write(builders[i], true) != which)
+      throw Error("compute_blocks_once: the blocks of " + layouts[i].sharding.to_string() + " and " +
+                  layouts.front().sharding.to_string() + " do not go together device by device");
+  }
   run_blocks(rt, which.size(), [&](size_t i) {
     const size_t s = which[i];
+    std::vector<Box> boxes;
     std::vector<std::byte*> outs;
-    for (const auto& b : builders) outs.push_back(b.data(s));
-    fn(builders.front().shard(s).device, builders.front().shard(s).box, outs);
+    for (const auto& b : builders) {
+      boxes.push_back(b.shard(s).box);
+      outs.push_back(b.data(s));
+    }
+    fn(builders.front().shard(s).device, boxes, outs);
   });
   std::vector<Array> out;
   for (auto& b : builders) out.push_back(std::move(b).finish());

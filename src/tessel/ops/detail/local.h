@@ -28,6 +28,19 @@ std::vector<Array> compute_blocks_once(const Runtime& rt, const Shape& shape, DT
                                        const std::function<void(int64_t device, const Box& box,
                                                                 const std::vector<std::byte*>& outs)>& fn);
 
+// Arrays of different shapes and shardings whose blocks go together device by device (their
+// shardings split the same mesh axes into the same groups of devices, as an op's outputs sharded by
+// batch and heads do): fn(device, boxes, outs) writes one device's block of every array in one
+// pass (boxes[i] and outs[i] that of array i), once per distinct block as compute_blocks_once
+// does. Throws Error if the arrays' blocks do not go together.
+struct OutputLayout {
+  Shape shape;
+  NamedSharding sharding;
+};
+std::vector<Array> compute_blocks_once(const Runtime& rt, const std::vector<OutputLayout>& layouts, DType dtype,
+                                       const std::function<void(int64_t device, const std::vector<Box>& boxes,
+                                                                const std::vector<std::byte*>& outs)>& fn);
+
 // One block an op writes: the device, its box of the output and its bytes.
 struct BlockTask {
   int64_t device;

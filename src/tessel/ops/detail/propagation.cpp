@@ -63,6 +63,18 @@ Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSh
   return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), std::move(partial));
 }
 
+std::vector<Tensor> outputs(const Tensor& like, const std::vector<OutputLayout>& layouts, DType dtype,
+                            const std::function<void(int64_t device, const std::vector<Box>& boxes,
+                                                     const std::vector<std::byte*>& outs)>& fn) {
+  std::vector<Tensor> out;
+  if (like.is_abstract()) {
+    for (const OutputLayout& l : layouts) out.push_back(Tensor::abstract(l.shape, dtype, l.sharding));
+    return out;
+  }
+  for (Array& a : detail::compute_blocks_once(like.shards().runtime(), layouts, dtype, fn)) out.emplace_back(std::move(a));
+  return out;
+}
+
 Tensor output_together(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding,
                        Axes partial, const std::function<void(const std::vector<BlockTask>&)>& fn) {
   if (like.is_abstract()) return Tensor::abstract(shape, dtype, sharding, std::move(partial));

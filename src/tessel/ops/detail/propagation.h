@@ -45,6 +45,13 @@ using BlockFn = std::function<void(int64_t device, const Box& box, std::byte* ou
 Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding, Axes partial,
               const BlockFn& fn);
 
+// Several results whose blocks go together device by device (see compute_blocks_once over
+// OutputLayouts), not partial sums: abstract when `like` is, else each device's blocks of all of them
+// written by one fn(device, boxes, outs) call.
+std::vector<Tensor> outputs(const Tensor& like, const std::vector<OutputLayout>& layouts, DType dtype,
+                            const std::function<void(int64_t device, const std::vector<Box>& boxes,
+                                                     const std::vector<std::byte*>& outs)>& fn);
+
 // The same, with every block this process computes written by one call (see
 // compute_blocks_together).
 Tensor output_together(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding,
