@@ -178,6 +178,44 @@ TEST(Attention, AnySubsetOfGradientsHasTheBitsOfAllThree) {
   }
 }
 
+// Heads of width 0 (q and k, or v): uniform weights over the visible keys, or an empty output;
+// the gradients of sum(o): with d = 0, dv[x] = sum over the group's 2 heads and the queries p >= x
+// of 1 / (p + 1); with dv = 0, dq and dk are zeros. On meshes with replicas.
+TEST(Attention, HeadsOfWidthZero) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(46);
+  for (int iter = 0; iter < 6; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    const int64_t d = iter % 2 ? 0 : 3, dv = iter % 2 ? 2 : 0, s = iter < 3 ? 5 : 70;
+    SCOPED_TRACE(::testing::Message() << mesh.to_string() << " d " << d << " dv " << dv << " s " << s);
+    const Host q = random_host(rng, {2, s, 4, d}), k = random_host(rng, {2, s, 2, d}), v = random_host(rng, {2, s, 2, dv});
+    auto place = [&](const Host& x) {
+      return ops::requires_grad(put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 4))));
+    };
+    const Tensor tq = place(q), tk = place(k), tv = place(v);
+    const Tensor o = ops::causal_attention(tq, tk, tv, 0);
+    EXPECT_EQ(o.shape(), Shape({2, s, 4, dv}));
+    expect_near(values(o), reference(q, k, v, 0));
+    const auto g = ops::grad(ops::sum(o), {tq, tk, tv});
+    EXPECT_EQ(g[0].shape(), tq.shape());
+    EXPECT_EQ(g[1].shape(), tk.shape());
+    EXPECT_EQ(g[2].shape(), tv.shape());
+    if (dv == 0) {
+      for (size_t i = 0; i < 2; ++i)
+        for (double e : values(ops::reduce(g[i]))) EXPECT_EQ(e, 0.0) << "input " << i;
+    } else {
+      std::vector<double> want;
+      for (int64_t t = 0; t < 2; ++t)
+        for (int64_t x = 0; x < s; ++x) {
+          double w = 0;
+          for (int64_t p = x; p < s; ++p) w += 2.0 / static_cast<double>(p + 1);
+          want.insert(want.end(), static_cast<size_t>(2 * dv), w);
+        }
+      expect_near(values(ops::reduce(g[2])), want);
+    }
+  }
+}
+
 // nn::causal_attention without sinks is the fused op: [b, s, h * dv], the same as the composite's
 // math (checked against the host above); a bad window or shape is refused by name.
 TEST(Attention, LayerUsesTheFusedOpAndRefusesBadInput) {

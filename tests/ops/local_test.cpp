@@ -55,6 +55,24 @@ TEST(ComputeBlocksOnce, WritesOutputsOfDifferentShapesTogetherOncePerBlock) {
   }
 }
 
+// An output with a dimension of size 0 has empty blocks everywhere: the others are still written.
+TEST(ComputeBlocksOnce, AnEmptyOutputDoesNotStopTheOthers) {
+  Runtime rt = Runtime::host(4);
+  const Mesh mesh = Mesh::parse("x=2,y=2");
+  const std::vector<OutputLayout> layouts{{Shape{4, 0}, NamedSharding(mesh, {{"x"}})},
+                                          {Shape{4, 6}, NamedSharding(mesh, {{"x"}})}};
+  std::atomic<int> calls{0};
+  const std::vector<Array> out = compute_blocks_once(
+      rt, layouts, DType::kF32, [&](int64_t, const std::vector<Box>& boxes, const std::vector<std::byte*>& outs) {
+        EXPECT_EQ(boxes[0].volume(), 0);
+        std::memset(outs[1], 0, static_cast<size_t>(boxes[1].volume()) * 4);
+        ++calls;
+      });
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(out[0].shape(), Shape({4, 0}));
+  EXPECT_EQ(out[1].shape(), Shape({4, 6}));
+}
+
 TEST(ComputeBlocksOnce, RefusesOutputsWhoseBlocksDoNotGoTogether) {
   Runtime rt = Runtime::host(4);
   const Mesh mesh = Mesh::parse("x=2,y=2");

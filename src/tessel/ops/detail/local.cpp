@@ -118,11 +118,23 @@ std::vector<Array> compute_blocks_once(const Runtime& rt, const std::vector<Outp
     builders.back().allocate_all();
   }
   if (builders.empty()) return {};
-  const std::vector<size_t> which = blocks_to_write(builders.front(), true);
-  for (size_t i = 1; i < builders.size(); ++i) {
-    if (blocks_to_write(builders[i], true) != which)
-      throw Error("compute_blocks_once: the blocks of " + layouts[i].sharding.to_string() + " and " +
-                  layouts.front().sharding.to_string() + " do not go together device by device");
+  // The blocks any output writes; each output writes exactly those of them its box is not empty
+  // in (an output with a dimension of size 0 writes none, the others go on).
+  std::vector<std::vector<size_t>> each;
+  std::vector<size_t> which;
+  for (const auto& b : builders) {
+    each.push_back(blocks_to_write(b, true));
+    std::sort(each.back().begin(), each.back().end());
+    which.insert(which.end(), each.back().begin(), each.back().end());
+  }
+  std::sort(which.begin(), which.end());
+  which.erase(std::unique(which.begin(), which.end()), which.end());
+  for (size_t i = 0; i < builders.size(); ++i) {
+    for (size_t s : which) {
+      if (builders[i].shard(s).box.volume() != 0 && !std::binary_search(each[i].begin(), each[i].end(), s))
+        throw Error("compute_blocks_once: the blocks of " + layouts[i].sharding.to_string() + " and " +
+                    layouts.front().sharding.to_string() + " do not go together device by device");
+    }
   }
   run_blocks(rt, which.size(), [&](size_t i) {
     const size_t s = which[i];

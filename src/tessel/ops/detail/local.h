@@ -32,7 +32,8 @@ std::vector<Array> compute_blocks_once(const Runtime& rt, const Shape& shape, DT
 // shardings split the same mesh axes into the same groups of devices, as an op's outputs sharded by
 // batch and heads do): fn(device, boxes, outs) writes one device's block of every array in one
 // pass (boxes[i] and outs[i] that of array i), once per distinct block as compute_blocks_once
-// does. Throws Error if the arrays' blocks do not go together.
+// does; an array whose box is empty there (a dimension of size 0) is not to be written. Throws
+// Error if the arrays' blocks do not go together.
 struct OutputLayout {
   Shape shape;
   NamedSharding sharding;
