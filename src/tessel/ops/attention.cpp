@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
+#include <vector>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
@@ -50,11 +50,14 @@ struct Layout {
   }
 };
 
-// fn(t, j) for every (batch row, key/value head) of the device, spread over the cores when the op
-// runs fewer blocks than cores.
-void for_pairs(const Layout& l, const std::function<void(int64_t t, int64_t j)>& fn) {
+// fn(t, j, scratch) for every (batch row, key/value head) of the device, spread over the cores
+// when the op runs fewer blocks than cores; `scratch` holds `scratch_size` elements of T, one
+// buffer for each core's pairs.
+template <class T, class Fn>
+void for_pairs(const Layout& l, int64_t scratch_size, Fn&& fn) {
   split_range(l.batch * l.kv, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t x = lo; x < hi; ++x) fn(x / l.kv, x % l.kv);
+    std::vector<T> scratch(static_cast<size_t>(scratch_size));
+    for (int64_t x = lo; x < hi; ++x) fn(x / l.kv, x % l.kv, scratch.data());
   });
 }
 
@@ -217,7 +220,7 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
       [&](int64_t device, const std::vector<Box>& boxes, const std::vector<std::byte*>& outs) {
         const Layout l = layout(boxes[1], g);
         dispatch_float(dt, [&](auto zero) {
-          for_pairs(l, [&](int64_t t, int64_t j) {
+          for_pairs<decltype(zero)>(l, 0, [&](int64_t t, int64_t j, auto*) {
             forward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero), as(outs[0], zero),
                          as(outs[1], zero), t, j);
           });
@@ -242,13 +245,10 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
             T* dq = nq ? as(outs[next++], zero) : nullptr;
             T* dk = nk ? as(outs[next++], zero) : nullptr;
             T* dvb = nv ? as(outs[next++], zero) : nullptr;
-            // for_pairs' split, with one head's score gradients as scratch per piece.
-            split_range(l.batch * l.kv, 1, [&](int64_t lo, int64_t hi) {
-              std::vector<T> ds(nq || nk ? static_cast<size_t>(l.s * l.s) : 0);
-              for (int64_t x = lo; x < hi; ++x) {
-                backward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero),
-                              in(p, device, zero), in(go, device, zero), dq, dk, dvb, ds.data(), x / l.kv, x % l.kv);
-              }
+            // The scratch: one head's score gradients.
+            for_pairs<T>(l, nq || nk ? l.s * l.s : 0, [&](int64_t t, int64_t j, T* ds) {
+              backward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero), in(p, device, zero),
+                            in(go, device, zero), dq, dk, dvb, ds, t, j);
             });
           });
         });
