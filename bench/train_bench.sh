@@ -3,7 +3,8 @@
 # models' shapes with every core (and again with OPENBLAS_CORETYPE=Haswell, which these machines
 # may set), then one train step of DotReluDot and of the small LM on 1 device and on 8 virtual
 # devices per parallelism, against the GEMM-only lower bound (FLOPs / measured rate), against the
-# 1-device step, and against the peers on the same models, batches and meshes: jax.jit on 1 and on
+# 1-device step (also within alternating rounds: bench_train_rounds), and against the peers on the
+# same models, batches and meshes: jax.jit on 1 and on
 # 8 host CPU devices (bench/jax_peer.py) and PyTorch 2.13 on 1 device (bench/torch_peer.py, every
 # core; as installed and with OMP_NUM_THREADS set as a user would tune it).
 # Usage: bench/train_bench.sh [BUILD_DIR]   (installs the peers into .venv: scripts/venv.sh bench)
@@ -21,6 +22,11 @@ reps=(--benchmark_repetitions="${TESSEL_BENCH_REPETITIONS:-3}" --benchmark_enabl
 "$build/bench/bench_train" "${reps[@]}" > "$build/bench_train.json"
 OPENBLAS_CORETYPE=Haswell "$build/bench/bench_train" --benchmark_filter=Sgemm "${reps[@]}" \
   > "$build/bench_train_haswell.json"
+# The same ratios taken within rounds (the GEMM bound and every mesh's step one after another).
+rounds=${TESSEL_BENCH_ROUNDS:-30}
+{ "$build/bench/bench_train_rounds" mlp "$rounds" data=1 data=8 fsdp=8 tensor=8 data=2,fsdp=2,tensor=2
+  "$build/bench/bench_train_rounds" lm "$rounds" data=1 data=8 fsdp=8 data=2,tensor=4 data=2,fsdp=2,tensor=2
+} > "$build/train_rounds.jsonl"
 "$py" "$here/torch_peer.py" "$threads" > "$build/torch_default.json"
 OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads "$py" "$here/torch_peer.py" "$threads" > "$build/torch_tuned.json"
 "$py" "$here/jax_peer.py" 1 mlp:data=1 lm:data=1 > "$build/jax_peer.jsonl"
@@ -63,6 +69,12 @@ for model, flops, rate in [("mlp", mlp_flops, mlp_rate), ("lm", lm_flops, lm_rat
     for label, t in steps.items():
         if label.startswith(model + " "):
             print(f"{label:34s} {t * 1e3:7.1f} ms {bound * 1e3:8.1f} ms {t / bound:7.2f}x {t / one:9.2f}x")
+print("\nThe same within rounds (bench_train_rounds: each round times the GEMMs, then one step per mesh; "
+      "medians over the rounds of the ratios taken in each)")
+for line in open(f"{build}/train_rounds.jsonl"):
+    r = json.loads(line)
+    print(f"{r['model'] + ' ' + r['mesh']:34s} {r['step_s'] * 1e3:7.1f} ms {r['bound_s'] * 1e3:8.1f} ms {r['to_bound']:7.2f}x "
+          f"{r['to_first']:9.2f}x (quartiles {r['to_first_q1']:.2f} to {r['to_first_q3']:.2f}, {r['rounds']} rounds)")
 default = json.load(open(f"{build}/torch_default.json"))
 tuned = json.load(open(f"{build}/torch_tuned.json"))
 best = {k: min(default[k], tuned[k]) for k in ("mlp_s", "lm_s")}

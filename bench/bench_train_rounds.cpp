@@ -1,0 +1,180 @@
+// Train-step ratios taken within rounds (bench/train_bench.sh prints them next to bench_train's).
+// Each round runs, one right after another, the model's GEMMs with every core (that round's GEMM
+// bound: the step's FLOPs at that rate) and one step on each mesh; a ratio is taken inside a round
+// and the medians over the rounds are reported (each round starts at the next mesh). This machine's speed drifts from minute to minute
+// (a shared host): in separate benchmarks a fast or slow minute falls on one side of a ratio only,
+// in a round on both.
+// Usage: bench_train_rounds mlp|lm ROUNDS MESH...   (ratios are to the first mesh's step)
+// Prints one JSON object per mesh.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/models/train.h"
+#include "tessel/ops/detail/local.h"
+#include "tessel/runtime/runtime.h"
+
+namespace {
+
+using namespace tessel;
+
+struct Gemm {
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+};
+
+// The models of bench_train.cpp, their products (as BM_Sgemm runs them) and the FLOPs of a step:
+// forward GEMMs x 3 (the backward pass needs two products per forward one).
+struct Model {
+  std::string yaml;
+  nn::OptimizerConfig optimizer;
+  int64_t batch;
+  std::vector<Gemm> gemms;
+  double step_flops;
+};
+
+Model model(const std::string& name) {
+  if (name == "mlp") {
+    // DotReluDot: two forward products, and backward dW2, dH, dW1 (the batch needs no gradient).
+    return {"model: dot_relu_dot\ndepth: 1024\nhidden: 4096\n",
+            {.kind = nn::OptimizerKind::kSgd, .schedule = {.peak = 1e-3}, .momentum = 0, .clip_norm = 0},
+            512,
+            {{512, 4096, 1024, false, false}, {512, 1024, 4096, false, true}, {1024, 4096, 512, true, false}},
+            5.0 * 2 * 512 * 1024 * 4096};
+  }
+  if (name == "lm") {
+    const double b = 16, s = 128, e = 256, layers = 4, m = 1024, v = 256, t = b * s;
+    return {"model: transformer\nvocab: 256\nembed: 256\nlayers: 4\nheads: 4\nmlp: 1024\n",
+            {.kind = nn::OptimizerKind::kAdamW, .schedule = {.peak = 1e-3}},
+            16,
+            {{2048, 1024, 256, false, false}, {2048, 256, 1024, false, true}, {256, 1024, 2048, true, false},
+             {2048, 256, 256, false, false}},
+            3 * (layers * (2 * t * (4 * e * e + 2 * e * m) + 2 * 2 * b * s * s * e) + 2 * t * e * v)};
+  }
+  throw ValueError("bench_train_rounds: the model is mlp or lm, got " + name);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The value at fraction q of the sorted values (nearest rank; the middle two averaged for the
+// median of an even count).
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  if (q == 0.5 && n % 2 == 0) return (v[n / 2 - 1] + v[n / 2]) / 2;
+  return v[std::min(n - 1, static_cast<size_t>(q * static_cast<double>(n)))];
+}
+double median(const std::vector<double>& v) { return quantile(v, 0.5); }
+
+// The model's mean SGEMM rate (FLOP/s) over its shapes with every core, each shape timed as the
+// median of 3 calls.
+class GemmRate {
+ public:
+  explicit GemmRate(const std::vector<Gemm>& gemms) : gemms_(gemms) {
+    for (const Gemm& g : gemms_) {
+      a_.emplace_back(static_cast<size_t>(g.m * g.k), 0.5f);
+      b_.emplace_back(static_cast<size_t>(g.k * g.n), 0.25f);
+      c_.emplace_back(static_cast<size_t>(g.m * g.n));
+    }
+  }
+  double measure() {
+    ops::detail::set_blas_threads(static_cast<int>(std::thread::hardware_concurrency()));
+    double sum = 0;
+    for (size_t i = 0; i < gemms_.size(); ++i) {
+      const Gemm& g = gemms_[i];
+      std::vector<double> times;
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ops::detail::gemm(DType::kF32, g.trans_a, g.trans_b, g.m, g.n, g.k,
+                          reinterpret_cast<const std::byte*>(a_[i].data()),
+                          reinterpret_cast<const std::byte*>(b_[i].data()), reinterpret_cast<std::byte*>(c_[i].data()),
+                          false);
+        times.push_back(seconds_since(t0));
+      }
+      sum += 2.0 * static_cast<double>(g.m * g.n * g.k) / median(times);
+    }
+    ops::detail::set_blas_threads(1);  // as the ops keep it
+    return sum / static_cast<double>(gemms_.size());
+  }
+
+ private:
+  std::vector<Gemm> gemms_;
+  std::vector<std::vector<float>> a_, b_, c_;
+};
+
+struct MeshRun {
+  std::string mesh;
+  std::unique_ptr<Runtime> rt;
+  std::unique_ptr<models::Trainer> trainer;
+  std::unique_ptr<State> state;
+  std::unique_ptr<nn::Batch> batch;
+  std::vector<double> seconds;
+};
+
+void run(const std::string& name, int rounds, const std::vector<std::string>& meshes) {
+  const Model m = model(name);
+  const LogicalRules rules = models::default_rules();
+  const ModelConfig config = parse_model_config(m.yaml);
+  const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
+  std::vector<MeshRun> runs;
+  for (const std::string& mesh_text : meshes) {
+    MeshRun r;
+    r.mesh = mesh_text;
+    const Mesh mesh = Mesh::parse(r.mesh, rules.mesh_axes());
+    r.rt = std::make_unique<Runtime>(Runtime::host(mesh.device_count()));
+    r.trainer = std::make_unique<models::Trainer>(*r.rt, config, mesh, rules, m.optimizer);
+    r.state = std::make_unique<State>(r.trainer->init(0));
+    r.batch = std::make_unique<nn::Batch>(r.trainer->batch(&data, {}, m.batch, 128));
+    for (int64_t step = 0; step < 2; ++step) r.trainer->step(*r.state, *r.batch, step);  // warm the caches
+    runs.push_back(std::move(r));
+  }
+  GemmRate rate(m.gemms);
+  rate.measure();  // warm
+  std::vector<double> bounds;
+  for (int round = 0; round < rounds; ++round) {
+    bounds.push_back(m.step_flops / rate.measure());
+    // Each round starts at the next mesh: none always runs right after the GEMMs.
+    for (size_t i = 0; i < runs.size(); ++i) {
+      MeshRun& r = runs[(static_cast<size_t>(round) + i) % runs.size()];
+      const auto t0 = std::chrono::steady_clock::now();
+      r.trainer->step(*r.state, *r.batch, 2 + round);
+      r.seconds.push_back(seconds_since(t0));
+    }
+  }
+  for (const MeshRun& r : runs) {
+    std::vector<double> to_first, to_bound;
+    for (int round = 0; round < rounds; ++round) {
+      to_first.push_back(r.seconds[round] / runs.front().seconds[round]);
+      to_bound.push_back(r.seconds[round] / bounds[round]);
+    }
+    std::printf("{\"model\": \"%s\", \"mesh\": \"%s\", \"rounds\": %d, \"step_s\": %.6g, \"bound_s\": %.6g, "
+                "\"to_bound\": %.4f, \"to_first\": %.4f, \"to_first_q1\": %.4f, \"to_first_q3\": %.4f}\n",
+                name.c_str(), r.mesh.c_str(), rounds, median(r.seconds), median(bounds), median(to_bound),
+                median(to_first), quantile(to_first, 0.25), quantile(to_first, 0.75));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: bench_train_rounds mlp|lm ROUNDS MESH...\n");
+    return 2;
+  }
+  try {
+    const int rounds = std::atoi(argv[2]);
+    if (rounds < 1) throw tessel::ValueError(std::string("bench_train_rounds: ROUNDS must be a positive number, got ") + argv[2]);
+    run(argv[1], rounds, std::vector<std::string>(argv + 3, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
