@@ -5,7 +5,8 @@
 // (a shared host): in separate benchmarks a fast or slow minute falls on one side of a ratio only,
 // in a round on both.
 // Usage: bench_train_rounds mlp|lm ROUNDS MESH...   (ratios are to the first mesh's step)
-// Prints one JSON object per mesh.
+// Prints one JSON object per mesh. `bench_train_rounds serve mlp|lm MESH` steps on request instead
+// (see serve()).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -109,32 +110,41 @@ class GemmRate {
   std::vector<std::vector<float>> a_, b_, c_;
 };
 
-struct MeshRun {
-  std::string mesh;
-  std::unique_ptr<Runtime> rt;
-  std::unique_ptr<models::Trainer> trainer;
-  std::unique_ptr<State> state;
-  std::unique_ptr<nn::Batch> batch;
-  std::vector<double> seconds;
+// One model's training on one mesh, two steps taken (the allocator's caches warm).
+class MeshRun {
+ public:
+  MeshRun(const Model& m, const std::string& mesh_text) : mesh_(mesh_text) {
+    const LogicalRules rules = models::default_rules();
+    const Mesh mesh = Mesh::parse(mesh_text, rules.mesh_axes());
+    const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
+    rt_ = std::make_unique<Runtime>(Runtime::host(mesh.device_count()));
+    trainer_ = std::make_unique<models::Trainer>(*rt_, parse_model_config(m.yaml), mesh, rules, m.optimizer);
+    state_ = std::make_unique<State>(trainer_->init(0));
+    batch_ = std::make_unique<nn::Batch>(trainer_->batch(&data, {}, m.batch, 128));
+    for (int i = 0; i < 2; ++i) step();
+  }
+  const std::string& mesh() const { return mesh_; }
+  // One step; its wall time in seconds.
+  double step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    trainer_->step(*state_, *batch_, steps_++);
+    return seconds_since(t0);
+  }
+
+ private:
+  std::string mesh_;
+  std::unique_ptr<Runtime> rt_;
+  std::unique_ptr<models::Trainer> trainer_;
+  std::unique_ptr<State> state_;
+  std::unique_ptr<nn::Batch> batch_;
+  int64_t steps_ = 0;
 };
 
 void run(const std::string& name, int rounds, const std::vector<std::string>& meshes) {
   const Model m = model(name);
-  const LogicalRules rules = models::default_rules();
-  const ModelConfig config = parse_model_config(m.yaml);
-  const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
   std::vector<MeshRun> runs;
-  for (const std::string& mesh_text : meshes) {
-    MeshRun r;
-    r.mesh = mesh_text;
-    const Mesh mesh = Mesh::parse(r.mesh, rules.mesh_axes());
-    r.rt = std::make_unique<Runtime>(Runtime::host(mesh.device_count()));
-    r.trainer = std::make_unique<models::Trainer>(*r.rt, config, mesh, rules, m.optimizer);
-    r.state = std::make_unique<State>(r.trainer->init(0));
-    r.batch = std::make_unique<nn::Batch>(r.trainer->batch(&data, {}, m.batch, 128));
-    for (int64_t step = 0; step < 2; ++step) r.trainer->step(*r.state, *r.batch, step);  // warm the caches
-    runs.push_back(std::move(r));
-  }
+  for (const std::string& mesh : meshes) runs.emplace_back(m, mesh);
+  std::vector<std::vector<double>> seconds(runs.size());
   GemmRate rate(m.gemms);
   rate.measure();  // warm
   std::vector<double> bounds;
@@ -142,30 +152,50 @@ void run(const std::string& name, int rounds, const std::vector<std::string>& me
     bounds.push_back(m.step_flops / rate.measure());
     // Each round starts at the next mesh: none always runs right after the GEMMs.
     for (size_t i = 0; i < runs.size(); ++i) {
-      MeshRun& r = runs[(static_cast<size_t>(round) + i) % runs.size()];
-      const auto t0 = std::chrono::steady_clock::now();
-      r.trainer->step(*r.state, *r.batch, 2 + round);
-      r.seconds.push_back(seconds_since(t0));
+      const size_t k = (static_cast<size_t>(round) + i) % runs.size();
+      seconds[k].push_back(runs[k].step());
     }
   }
-  for (const MeshRun& r : runs) {
+  for (size_t k = 0; k < runs.size(); ++k) {
     std::vector<double> to_first, to_bound;
     for (int round = 0; round < rounds; ++round) {
-      to_first.push_back(r.seconds[round] / runs.front().seconds[round]);
-      to_bound.push_back(r.seconds[round] / bounds[round]);
+      to_first.push_back(seconds[k][round] / seconds[0][round]);
+      to_bound.push_back(seconds[k][round] / bounds[round]);
     }
     std::printf("{\"model\": \"%s\", \"mesh\": \"%s\", \"rounds\": %d, \"step_s\": %.6g, \"bound_s\": %.6g, "
                 "\"to_bound\": %.4f, \"to_first\": %.4f, \"to_first_q1\": %.4f, \"to_first_q3\": %.4f}\n",
-                name.c_str(), r.mesh.c_str(), rounds, median(r.seconds), median(bounds), median(to_bound),
+                name.c_str(), runs[k].mesh().c_str(), rounds, median(seconds[k]), median(bounds), median(to_bound),
                 median(to_first), quantile(to_first, 0.25), quantile(to_first, 0.75));
+  }
+}
+
+// Steps on request, for a peer's rounds in another process (bench/torch_rounds.py): "ready" once
+// warm, then for each line read one step and its seconds; ends at the end of the input.
+void serve(const std::string& name, const std::string& mesh) {
+  MeshRun run(model(name), mesh);
+  std::printf("ready\n");
+  std::fflush(stdout);
+  for (int c; (c = std::getchar()) != EOF;) {
+    if (c != '\n') continue;
+    std::printf("%.9g\n", run.step());
+    std::fflush(stdout);
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "serve") {
+    try {
+      serve(argv[2], argv[3]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+    return 0;
+  }
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_train_rounds mlp|lm ROUNDS MESH...\n");
+    std::fprintf(stderr, "usage: bench_train_rounds mlp|lm ROUNDS MESH...\n       bench_train_rounds serve mlp|lm MESH\n");
     return 2;
   }
   try {

@@ -1,6 +1,7 @@
 """The peer for bench/train_bench.sh: the same two models as bench_train in plain torch.nn, one
 train step each, timed after warm-up, and PyTorch's SGEMM rate on the shapes bench_train's
-BM_Sgemm measures. Usage: torch_peer.py THREADS  -> JSON on stdout.
+BM_Sgemm measures. Usage: torch_peer.py THREADS  -> JSON on stdout. bench/torch_rounds.py imports
+the models' steps (mlp_step_fn, lm_step_fn).
 
 DotReluDot: x[512,1024] @ W1[1024,4096] -> relu -> @ W2[4096,1024], MSE, SGD (no bias).
 LM: vocab 256, embed 256, 4 layers, 4 heads (head_dim 64), MLP 1024 with tanh-gelu, RMSNorm
@@ -16,13 +17,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-threads = int(sys.argv[1])
-torch.set_num_threads(threads)
-try:
-    torch.set_num_interop_threads(threads)
-except RuntimeError:
-    pass
-torch.manual_seed(0)
+
+
+def use_threads(threads):
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:
+        pass
 
 
 class DotReluDot(nn.Module):
@@ -110,28 +112,32 @@ def timed(step, seconds=3.0):
     return times[len(times) // 2]  # the median step
 
 
-mlp = DotReluDot()
-sgd = torch.optim.SGD(mlp.parameters(), lr=1e-3)
-x, y = torch.randn(512, 1024), torch.randn(512, 1024)
+def mlp_step_fn():
+    """One DotReluDot train step (a fresh model, optimizer and batch)."""
+    mlp = DotReluDot()
+    sgd = torch.optim.SGD(mlp.parameters(), lr=1e-3)
+    x, y = torch.randn(512, 1024), torch.randn(512, 1024)
+
+    def step():
+        sgd.zero_grad(set_to_none=True)
+        F.mse_loss(mlp(x), y).backward()
+        sgd.step()
+    return step
 
 
-def mlp_step():
-    sgd.zero_grad(set_to_none=True)
-    F.mse_loss(mlp(x), y).backward()
-    sgd.step()
+def lm_step_fn():
+    """One LM train step (a fresh model, optimizer and batch); also the model's parameter count."""
+    lm = LM()
+    adamw = torch.optim.AdamW(lm.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    tokens = torch.randint(0, 256, (16, 129))
 
-
-lm = LM()
-adamw = torch.optim.AdamW(lm.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-tokens = torch.randint(0, 256, (16, 129))
-
-
-def lm_step():
-    adamw.zero_grad(set_to_none=True)
-    logits = lm(tokens[:, :-1])
-    F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1)).backward()
-    torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
-    adamw.step()
+    def step():
+        adamw.zero_grad(set_to_none=True)
+        logits = lm(tokens[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        adamw.step()
+    return step, sum(p.numel() for p in lm.parameters())
 
 
 # The SGEMM rate on the shapes bench_train's BM_Sgemm measures (m, n, k, bit 0: A transposed,
@@ -146,7 +152,17 @@ def gemm_gflops(m, n, k, trans):
     return 2.0 * m * n * k / timed(lambda: torch.mm(a, b), seconds=0.5) / 1e9
 
 
-blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
-print(json.dumps({"threads": threads, "torch": torch.__version__, "mlp_s": timed(mlp_step), "lm_s": timed(lm_step),
-                  "lm_params": sum(p.numel() for p in lm.parameters()), "blas": blas,
-                  "gemm_gflops": [gemm_gflops(*shape) for shape in GEMM_SHAPES]}))
+def main():
+    threads = int(sys.argv[1])
+    use_threads(threads)
+    torch.manual_seed(0)
+    mlp_step = mlp_step_fn()
+    lm_step, lm_params = lm_step_fn()
+    blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
+    print(json.dumps({"threads": threads, "torch": torch.__version__, "mlp_s": timed(mlp_step), "lm_s": timed(lm_step),
+                      "lm_params": lm_params, "blas": blas,
+                      "gemm_gflops": [gemm_gflops(*shape) for shape in GEMM_SHAPES]}))
+
+
+if __name__ == "__main__":
+    main()
