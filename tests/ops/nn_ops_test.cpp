@@ -265,6 +265,69 @@ TEST(NnOps, RmsNormMatchesTheHostFusedOrNot) {
   }
 }
 
+// RMSNorm's row kernels are built for several vector widths without FMA contraction: on a device
+// holding whole rows, the output and both gradients equal the formulas written out here to the
+// bit (the row sums in double over 16 interleaved lanes joined pairwise, as rows.h's reduce_lanes
+// does), in f32 and f64, with rows of 70 (vector tails) split over the cores. Fails when the
+// kernels are built with FMA contraction.
+TEST(NnOps, RmsNormHasTheScalarFormulasBits) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(41);
+  const int64_t rows = 40, n = 70;
+  const double eps = 1e-5;
+  auto lanes = [n](auto term) {
+    double acc[16] = {};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      for (int j = 0; j < 16; ++j) acc[j] += term(i + j);
+    for (int j = 0; i + j < n; ++j) acc[j] += term(i + j);
+    for (int width = 8; width >= 1; width /= 2)
+      for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
+    return acc[0];
+  };
+  // y, dx and dscale of sum(rms_norm(x, scale) * g) in T.
+  auto formulas = [&]<class T>(const Host& x, const Host& scale, const Host& g) {
+    std::vector<double> y, dx, dscale(static_cast<size_t>(n), 0.0);
+    std::vector<T> ds(static_cast<size_t>(n), T(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      auto X = [&](int64_t i) { return static_cast<T>(x.v[static_cast<size_t>(r * n + i)]); };
+      auto G = [&](int64_t i) { return static_cast<T>(g.v[static_cast<size_t>(r * n + i)]); };
+      auto S = [&](int64_t i) { return static_cast<T>(scale.v[static_cast<size_t>(i)]); };
+      const double ss = lanes([&](int64_t i) { return static_cast<double>(X(i)) * X(i); });
+      const T v = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+      const double dot = lanes([&](int64_t i) { return static_cast<double>(G(i)) * S(i) * X(i); });
+      const T c = static_cast<T>(dot / static_cast<double>(n)) * v * v;
+      for (int64_t i = 0; i < n; ++i) {
+        y.push_back(static_cast<double>(static_cast<T>(X(i) * v) * S(i)));
+        dx.push_back(static_cast<double>(v * static_cast<T>(G(i) * S(i) - static_cast<T>(X(i) * c))));
+        ds[static_cast<size_t>(i)] += G(i) * static_cast<T>(X(i) * v);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) dscale[static_cast<size_t>(i)] = static_cast<double>(ds[static_cast<size_t>(i)]);
+    return std::vector<std::vector<double>>{y, dx, dscale};
+  };
+  const Mesh mesh = Mesh::parse("data=1");
+  for (DType dtype : {DType::kF32, DType::kF64}) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    Host x = random_host(rng, {rows, n}), scale = random_host(rng, {n}), g = random_host(rng, {rows, n});
+    if (dtype == DType::kF32) {  // values an f32 holds exactly, so the formulas start from the same inputs
+      for (auto* v : {&x.v, &scale.v, &g.v})
+        for (double& e : *v) e = static_cast<float>(e);
+    }
+    const NamedSharding replicated(mesh, {});
+    const Tensor tx = ops::requires_grad(ops::cast(put(rt, x, replicated), dtype));
+    const Tensor ts = ops::requires_grad(ops::cast(put(rt, scale, replicated), dtype));
+    const Tensor y = ops::rms_norm(tx, ts, eps);
+    const std::vector<Tensor> grads =
+        ops::grad(ops::sum(ops::mul(y, ops::cast(put(rt, g, replicated), dtype))), {tx, ts});
+    const std::vector<std::vector<double>> want =
+        dtype == DType::kF32 ? formulas.operator()<float>(x, scale, g) : formulas.operator()<double>(x, scale, g);
+    EXPECT_EQ(values(ops::cast(y, DType::kF64)), want[0]);
+    EXPECT_EQ(values(ops::cast(grads[0], DType::kF64)), want[1]);
+    EXPECT_EQ(values(ops::cast(grads[1], DType::kF64)), want[2]);
+  }
+}
+
 // The scale's gradient is summed over the rows in one pass (no products written): against the host
 // on meshes whose rows are split while other axes hold replicas, with the scale split over such an
 // axis (its gradient's reduce-scatter then reads the replicas' partial sums), rank 2 to 4, in f32

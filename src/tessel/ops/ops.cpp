@@ -10,6 +10,7 @@
 #include "tessel/ops/autodiff.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/node.h"
+#include "tessel/ops/detail/norm_kernels.h"
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/detail/rows.h"
 #include "tessel/ops/detail/vmath.h"
@@ -696,35 +697,6 @@ Tensor softmax(const Tensor& x, size_t dim) {
 
 namespace {
 
-// One row block of the fused RMSNorm: y = x * inv * scale, inv = 1 / sqrt(mean(x^2) + eps).
-template <class T>
-void rms_rows(const T* x, const T* scale, T* y, T* inv, int64_t rows, int64_t n, double eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* in = x + r * n;
-    const double ss = reduce_lanes(n, 0.0, [in](int64_t i) { return static_cast<double>(in[i]) * in[i]; }, kPlus);
-    const T v = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-    inv[r] = v;
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] = in[i] * v * scale[i];
-  }
-}
-
-// dx = inv * (g * scale - x * inv^2 * mean(g * scale * x)).
-template <class T>
-void rms_grad_rows(const T* x, const T* scale, const T* inv, const T* g, T* dx, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T *xr = x + r * n, *gr = g + r * n;
-    const double dot =
-        reduce_lanes(n, 0.0, [gr, scale, xr](int64_t i) { return static_cast<double>(gr[i]) * scale[i] * xr[i]; }, kPlus);
-    const T v = inv[r];
-    const T c = static_cast<T>(dot / static_cast<double>(n)) * v * v;
-    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = v * (gr[i] * scale[i] - xr[i] * c);
-  }
-}
-
-}  // namespace
-
-namespace {
-
 // rms_norm's scale gradient, the sum over the leading dimensions of g * (x * inv) (inv [..., 1]
 // per row), as sum_to(mul(g, mul(x, inv)), {n}) computes it: each product rounded, the leading
 // dimensions summed one after another from the first, each in index order: the same bits, without
@@ -767,7 +739,7 @@ Tensor scale_grad(const Tensor& x, const Tensor& g, const Tensor& inv) {
             const T iv = pi[row];
             const T* xr = px + row * n + c0;
             const T* gr = pg + row * n + c0;
-            for (int64_t c = 0; c < w; ++c) acc[c] += gr[c] * static_cast<T>(xr[c] * iv);
+            rms_scale_grad_row(xr, gr, iv, acc, w);
           }
         }
         // The other leading dimensions, each summed in order, the first of them next.
