@@ -125,8 +125,10 @@ Tensor one_hot(const Tensor& labels, const Tensor& like);
 // `window` > 0 also those with query - key >= window (MaxText's LOCAL_SLIDING attention).
 Tensor causal_mask(const Tensor& x, int64_t window = 0);
 // Rotary position embedding (MaxText's default: halves of head_dim paired, timescales
-// max_timescale^(2k/head_dim)) on [..., seq, heads..., head_dim] with the sequence at `seq_dim`.
-Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale = 10000.0);
+// max_timescale^(2k/head_dim)) on [..., seq, heads..., head_dim] with the sequence at `seq_dim`,
+// times `scale`: the bits of scale(rope(x, seq_dim, max_timescale), scale) in one pass (a query's
+// 1 / sqrt(head_dim)).
+Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale = 10000.0, double scale = 1.0);
 // MaxText's LLaMARotaryEmbedding (llama3.1's model files): neighbours (2k, 2k+1) of head_dim
 // paired, and with `llama3_scaling` Llama 3.1's frequencies (factor 8, low/high frequency
 // factors 1 and 4 over an original context of 8192).

@@ -91,6 +91,7 @@ struct RopeStyle {
   bool interleaved = false;     // pairs (2k, 2k+1), else (k, k + head_dim / 2)
   bool llama3_scaling = false;  // Llama 3.1's frequency scaling
   std::optional<YarnRope> yarn;  // YaRN's frequencies (max_timescale is yarn's)
+  double scale = 1;              // the result times scale
 };
 
 // YaRN's frequency of pair k (MaxText's YarnRotaryEmbedding.freqs_cis, after DeepSeek-V3): the
@@ -155,8 +156,10 @@ RopeTable<T> rope_table(WorkerPool& pool, int64_t seq, int64_t d, double sign, c
   return t;
 }
 
+// `scale` multiplies the rotation's output, or with `scale_input` its input (the gradient).
 template <class T>
-void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, const RopeTable<T>& table, bool interleaved) {
+void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, const RopeTable<T>& table, bool interleaved,
+                T scale, bool scale_input) {
   const size_t r = box.rank();
   const int64_t d = box.extent(r - 1), half = d / 2;
   int64_t outer = 1, inner = 1;
@@ -168,7 +171,8 @@ void rope_block(const Box& box, size_t seq_dim, const T* in, T* out, const RopeT
       const size_t at = static_cast<size_t>((box.start(seq_dim) + s) * half);
       for (int64_t a = 0; a < outer; ++a) {
         const int64_t off = (a * seq + s) * inner * d;
-        detail::rope_heads(in + off, out + off, table.cos.data() + at, table.sin.data() + at, inner, half, interleaved);
+        detail::rope_heads(in + off, out + off, table.cos.data() + at, table.sin.data() + at, inner, half, interleaved,
+                           scale, scale_input);
       }
     }
   });
@@ -190,8 +194,11 @@ Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, const RopeStyle& s
                                                    placed.shape()[placed.rank() - 1], sign, style);
     out = output(placed, placed.shape(), placed.dtype(), placed.sharding(), placed.partial(),
                   [&](int64_t device, const Box& box, std::byte* o) {
+                    // The gradient (sign -1) is scaled before it is rotated back, as scale's own
+                    // gradient would come first.
                     rope_block<T>(box, seq_dim, reinterpret_cast<const T*>(block(placed, device)),
-                                  reinterpret_cast<T*>(o), table, style.interleaved);
+                                  reinterpret_cast<T*>(o), table, style.interleaved, static_cast<T>(style.scale),
+                                  sign < 0);
                   });
   });
   return out;
@@ -689,9 +696,10 @@ Tensor rope_styled(const Tensor& x, size_t seq_dim, const RopeStyle& style) {
 
 }  // namespace
 
-Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale) {
+Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale, double scale) {
   RopeStyle style;
   style.max_timescale = max_timescale;
+  style.scale = scale;
   return rope_styled(x, seq_dim, style);
 }
 

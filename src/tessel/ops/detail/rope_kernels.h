@@ -9,10 +9,12 @@ namespace tessel::ops::detail {
 
 // For each of `heads` heads of 2 * half elements (contiguous, one after another) and each pair k:
 //   y_i = x_i * cos[k] - x_j * sin[k],   y_j = x_j * cos[k] + x_i * sin[k]
-// where (i, j) = (k, k + half), or (2k, 2k + 1) when interleaved. x and y do not overlap.
+// where (i, j) = (k, k + half), or (2k, 2k + 1) when interleaved. x and y do not overlap. With a
+// `scale` other than 1, y is multiplied by it after the rotation, or with `scale_input` x before
+// it: each the bits of a separate pass multiplying by scale (a scaled rope's forward, its gradient).
 void rope_heads(const float* x, float* y, const float* cos, const float* sin, int64_t heads, int64_t half,
-                bool interleaved);
+                bool interleaved, float scale, bool scale_input);
 void rope_heads(const double* x, double* y, const double* cos, const double* sin, int64_t heads, int64_t half,
-                bool interleaved);
+                bool interleaved, double scale, bool scale_input);
 
 }  // namespace tessel::ops::detail
