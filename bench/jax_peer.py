@@ -5,19 +5,20 @@ by the same logical axis rules (tessel train's defaults) through Flax's logical_
 
   jax_peer.py DEVICES MESH...   -> one JSON line per mesh: {"model", "mesh", "step_s"}
 
-DEVICES host CPU devices (XLA_FLAGS is set here, before JAX starts). A mesh is "data=8" style;
-"mlp:" or "lm:" before it picks the model. DotReluDot: x[512,1024] @ W1[1024,4096] -> relu ->
-@ W2[4096,1024], MSE, SGD at 1e-3. LM: vocab 256, embed 256, 4 layers, 4 heads, MLP 1024, batch 16
-x seq 128, AdamW (b1 0.9, b2 0.95, eps 1e-8, weight decay 0.1) after global-norm clipping at 1.
+DEVICES host CPU devices (XLA_FLAGS is set here, before JAX starts; bench/jax_rounds.py, which
+imports step_fn, sets it itself). A mesh is "data=8" style; "mlp:" or "lm:" before it picks the
+model. DotReluDot: x[512,1024] @ W1[1024,4096] -> relu -> @ W2[4096,1024], MSE, SGD at 1e-3. LM:
+vocab 256, embed 256, 4 layers, 4 heads, MLP 1024, batch 16 x seq 128, AdamW (b1 0.9, b2 0.95,
+eps 1e-8, weight decay 0.1) after global-norm clipping at 1.
 """
 import json
 import os
 import sys
 import time
 
-devices = int(sys.argv[1])
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={int(sys.argv[1])}"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 
 import flax.linen as nn  # noqa: E402
@@ -79,7 +80,9 @@ def timed(step, seconds=3.0):
     return times[len(times) // 2]
 
 
-def bench(model, mesh_text):
+def step_fn(model, mesh_text):
+    """One jitted train step of `model` ("mlp" or "lm") on the mesh, its state carried from call to
+    call; returns when the step's loss is ready."""
     sizes = dict(item.split("=") for item in mesh_text.split(","))
     shape = tuple(int(sizes.get(a, 1)) for a in AXES)
     mesh = Mesh(np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape), AXES)
@@ -119,10 +122,11 @@ def bench(model, mesh_text):
         state["params"], state["opt"], value = step(state["params"], state["opt"], x, y)
         jax.block_until_ready(value)
 
-    return timed(one)
+    return one
 
 
-for arg in sys.argv[2:]:
-    model, mesh_text = arg.split(":")
-    print(json.dumps({"model": model, "mesh": mesh_text, "devices": devices, "jax": jax.__version__,
-                      "step_s": bench(model, mesh_text)}), flush=True)
+if __name__ == "__main__":
+    for arg in sys.argv[2:]:
+        model, mesh_text = arg.split(":")
+        print(json.dumps({"model": model, "mesh": mesh_text, "devices": int(sys.argv[1]), "jax": jax.__version__,
+                          "step_s": timed(step_fn(model, mesh_text))}), flush=True)

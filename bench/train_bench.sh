@@ -6,7 +6,7 @@
 # 1-device step (also within alternating rounds: bench_train_rounds), and against the peers on the
 # same models, batches and meshes: jax.jit on 1 and on 8 host CPU devices (bench/jax_peer.py) and
 # PyTorch 2.13 on 1 device (bench/torch_peer.py, every core; as installed and with OMP_NUM_THREADS
-# set as a user would tune it; and within rounds, bench/torch_rounds.py).
+# set as a user would tune it); the peers again within rounds (bench/torch_rounds.py, jax_rounds.py).
 # Usage: bench/train_bench.sh [BUILD_DIR]   (installs the peers into .venv: scripts/venv.sh bench)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +37,12 @@ OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads "$py" "$here/torch_peer.py" "$
 "$py" "$here/jax_peer.py" 1 mlp:data=1 lm:data=1 > "$build/jax_peer.jsonl"
 "$py" "$here/jax_peer.py" 8 mlp:data=8 mlp:fsdp=8 mlp:tensor=8 mlp:data=2,fsdp=2,tensor=2 \
   lm:data=8 lm:fsdp=8 lm:data=2,tensor=4 lm:data=2,fsdp=2,tensor=2 >> "$build/jax_peer.jsonl"
+# jax.jit and tessel within rounds, on every mesh (fewer rounds: JAX's 8-device steps are slow).
+jax_rounds=${TESSEL_BENCH_JAX_ROUNDS:-15}
+{ "$py" "$here/jax_rounds.py" 1 "$jax_rounds" "$build/bench/bench_train_rounds" mlp:data=1 lm:data=1
+  "$py" "$here/jax_rounds.py" 8 "$jax_rounds" "$build/bench/bench_train_rounds" mlp:data=8 mlp:fsdp=8 mlp:tensor=8 \
+    mlp:data=2,fsdp=2,tensor=2 lm:data=8 lm:fsdp=8 lm:data=2,tensor=4 lm:data=2,fsdp=2,tensor=2
+} > "$build/jax_rounds.jsonl"
 
 "$py" - "$build" "$threads" <<'PY'
 import json, os, sys
@@ -99,7 +105,7 @@ for line in open(f"{build}/torch_rounds.jsonl"):
     if r["model"] not in peer_rounds or r["speed"] < peer_rounds[r["model"]]["speed"]:
         peer_rounds[r["model"]] = r
 for model, r in peer_rounds.items():
-    print(f"{model}: within {r['rounds']} rounds, tessel {r['tessel_s'] * 1e3:.1f} ms, PyTorch {r['torch_s'] * 1e3:.1f} ms: "
+    print(f"{model}: within {r['rounds']} rounds, tessel {r['tessel_s'] * 1e3:.1f} ms, PyTorch {r['peer_s'] * 1e3:.1f} ms: "
           f"{r['speed']:.2f}x the speed of PyTorch (quartiles {r['speed_q1']:.2f} to {r['speed_q3']:.2f})")
 jax_rows = [json.loads(line) for line in open(f"{build}/jax_peer.jsonl")]
 print(f"\njax.jit (JAX {jax_rows[0]['jax']}) on the same model, batch and mesh (ratio above 1: tessel is faster)")
@@ -107,6 +113,12 @@ for r in jax_rows:
     ours = steps[f"{r['model']} {r['mesh']}"]
     print(f"  {r['model']} {r['mesh']:24s} ({r['devices']} host devices) jax {r['step_s'] * 1e3:7.1f} ms, "
           f"tessel {ours * 1e3:7.1f} ms: {r['step_s'] / ours:5.2f}x")
+print("within rounds (jax_rounds.py: a jax.jit step and a tessel step per round)")
+for line in open(f"{build}/jax_rounds.jsonl"):
+    r = json.loads(line)
+    print(f"  {r['model']} {r['mesh']:24s} ({r['devices']} host devices) jax {r['peer_s'] * 1e3:7.1f} ms, "
+          f"tessel {r['tessel_s'] * 1e3:7.1f} ms: {r['speed']:5.2f}x (quartiles {r['speed_q1']:.2f} to "
+          f"{r['speed_q3']:.2f}, {r['rounds']} rounds)")
 tokens = B * S
 print(f"LM tokens/s: tessel {tokens / steps['lm data=1']:.0f} (1 device), "
       f"{tokens / steps['lm data=2,fsdp=2,tensor=2']:.0f} (data=2,fsdp=2,tensor=2); PyTorch {tokens / best['lm_s']:.0f}")
