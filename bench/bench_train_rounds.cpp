@@ -1,9 +1,9 @@
 // Train-step ratios taken within rounds (bench/train_bench.sh prints them next to bench_train's).
 // Each round runs, one right after another, the model's GEMMs with every core (that round's GEMM
-// bound: the step's FLOPs at that rate) and one step on each mesh; a ratio is taken inside a round
-// and the medians over the rounds are reported (each round starts at the next mesh). This machine's speed drifts from minute to minute
-// (a shared host): in separate benchmarks a fast or slow minute falls on one side of a ratio only,
-// in a round on both.
+// bound: the step's FLOPs at that rate) and one step on each mesh, starting at the next mesh each
+// round; a ratio is taken inside a round and the medians over the rounds are reported. This
+// machine's speed drifts from minute to minute (a shared host): in separate benchmarks a fast or
+// slow minute falls on one side of a ratio only, in a round on both.
 // Usage: bench_train_rounds mlp|lm ROUNDS MESH...   (ratios are to the first mesh's step)
 // Prints one JSON object per mesh. `bench_train_rounds serve mlp|lm MESH` steps on request instead
 // (see serve()).
