@@ -9,6 +9,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "train_models.h"
 #include "tessel/models/train.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/runtime/runtime.h"
@@ -36,15 +37,13 @@ void BM_Sgemm(benchmark::State& state) {
   state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(ops::detail::blas_core());
 }
-// The MLP's products (forward, and the two gradient forms) and the LM's.
-BENCHMARK(BM_Sgemm)->Args({512, 4096, 1024, 0})->Args({512, 1024, 4096, 2})->Args({1024, 4096, 512, 1})
-    ->Args({2048, 1024, 256, 0})->Args({2048, 256, 1024, 2})->Args({256, 1024, 2048, 1})
-    ->Args({2048, 256, 256, 0})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-
-ModelConfig model(int64_t which) {
-  return parse_model_config(which == 0 ? "model: dot_relu_dot\ndepth: 1024\nhidden: 4096\n"
-                                       : "model: transformer\nvocab: 256\nembed: 256\nlayers: 4\nheads: 4\nmlp: 1024\n");
+// The MLP's products (forward, and the two gradient forms), then the LM's.
+void model_gemms(benchmark::internal::Benchmark* b) {
+  for (const char* name : {"mlp", "lm"}) {
+    for (const bench::Gemm& g : bench::train_model(name).gemms) b->Args({g.m, g.n, g.k, g.trans_a + 2 * g.trans_b});
+  }
 }
+BENCHMARK(BM_Sgemm)->Apply(model_gemms)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
 void BM_TrainStep(benchmark::State& state) {
   const int64_t which = state.range(0);
@@ -52,16 +51,11 @@ void BM_TrainStep(benchmark::State& state) {
   const LogicalRules rules = models::default_rules();
   const Mesh mesh = Mesh::parse(mesh_text, rules.mesh_axes());
   Runtime rt = Runtime::host(mesh.device_count());
-  nn::OptimizerConfig opt;
-  if (which == 0) {
-    opt = {.kind = nn::OptimizerKind::kSgd, .schedule = {.peak = 1e-3}, .momentum = 0, .clip_norm = 0};
-  } else {
-    opt = {.kind = nn::OptimizerKind::kAdamW, .schedule = {.peak = 1e-3}};
-  }
-  models::Trainer t(rt, model(which), mesh, rules, opt);
+  const bench::TrainModel m = bench::train_model(which == 0 ? "mlp" : "lm");
+  models::Trainer t(rt, m.config(), mesh, rules, m.optimizer);
   State s = t.init(0);
   const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
-  const int64_t batch = which == 0 ? 512 : 16, seq = 128;
+  const int64_t batch = m.batch, seq = m.seq;
   const nn::Batch b = t.batch(&data, {}, batch, seq);
   int64_t step = 0;
   t.step(s, b, step++);  // warm the allocator's cache

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "train_models.h"
 #include "tessel/core/error.h"
 #include "tessel/models/train.h"
 #include "tessel/ops/detail/local.h"
@@ -23,42 +24,8 @@
 namespace {
 
 using namespace tessel;
-
-struct Gemm {
-  int64_t m, n, k;
-  bool trans_a, trans_b;
-};
-
-// The models of bench_train.cpp, their products (as BM_Sgemm runs them) and the FLOPs of a step:
-// forward GEMMs x 3 (the backward pass needs two products per forward one).
-struct Model {
-  std::string yaml;
-  nn::OptimizerConfig optimizer;
-  int64_t batch;
-  std::vector<Gemm> gemms;
-  double step_flops;
-};
-
-Model model(const std::string& name) {
-  if (name == "mlp") {
-    // DotReluDot: two forward products, and backward dW2, dH, dW1 (the batch needs no gradient).
-    return {"model: dot_relu_dot\ndepth: 1024\nhidden: 4096\n",
-            {.kind = nn::OptimizerKind::kSgd, .schedule = {.peak = 1e-3}, .momentum = 0, .clip_norm = 0},
-            512,
-            {{512, 4096, 1024, false, false}, {512, 1024, 4096, false, true}, {1024, 4096, 512, true, false}},
-            5.0 * 2 * 512 * 1024 * 4096};
-  }
-  if (name == "lm") {
-    const double b = 16, s = 128, e = 256, layers = 4, m = 1024, v = 256, t = b * s;
-    return {"model: transformer\nvocab: 256\nembed: 256\nlayers: 4\nheads: 4\nmlp: 1024\n",
-            {.kind = nn::OptimizerKind::kAdamW, .schedule = {.peak = 1e-3}},
-            16,
-            {{2048, 1024, 256, false, false}, {2048, 256, 1024, false, true}, {256, 1024, 2048, true, false},
-             {2048, 256, 256, false, false}},
-            3 * (layers * (2 * t * (4 * e * e + 2 * e * m) + 2 * 2 * b * s * s * e) + 2 * t * e * v)};
-  }
-  throw ValueError("bench_train_rounds: the model is mlp or lm, got " + name);
-}
+using bench::Gemm;
+using bench::TrainModel;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -113,14 +80,14 @@ class GemmRate {
 // One model's training on one mesh, two steps taken (the allocator's caches warm).
 class MeshRun {
  public:
-  MeshRun(const Model& m, const std::string& mesh_text) : mesh_(mesh_text) {
+  MeshRun(const TrainModel& m, const std::string& mesh_text) : mesh_(mesh_text) {
     const LogicalRules rules = models::default_rules();
     const Mesh mesh = Mesh::parse(mesh_text, rules.mesh_axes());
     const nn::ByteDataset data = nn::ByteDataset::open(nn::ByteDataset::default_path());
     rt_ = std::make_unique<Runtime>(Runtime::host(mesh.device_count()));
-    trainer_ = std::make_unique<models::Trainer>(*rt_, parse_model_config(m.yaml), mesh, rules, m.optimizer);
+    trainer_ = std::make_unique<models::Trainer>(*rt_, m.config(), mesh, rules, m.optimizer);
     state_ = std::make_unique<State>(trainer_->init(0));
-    batch_ = std::make_unique<nn::Batch>(trainer_->batch(&data, {}, m.batch, 128));
+    batch_ = std::make_unique<nn::Batch>(trainer_->batch(&data, {}, m.batch, m.seq));
     for (int i = 0; i < 2; ++i) step();
   }
   const std::string& mesh() const { return mesh_; }
@@ -141,7 +108,7 @@ class MeshRun {
 };
 
 void run(const std::string& name, int rounds, const std::vector<std::string>& meshes) {
-  const Model m = model(name);
+  const TrainModel m = bench::train_model(name);
   std::vector<MeshRun> runs;
   for (const std::string& mesh : meshes) runs.emplace_back(m, mesh);
   std::vector<std::vector<double>> seconds(runs.size());
@@ -172,7 +139,7 @@ void run(const std::string& name, int rounds, const std::vector<std::string>& me
 // Steps on request, for a peer's rounds in another process (bench/torch_rounds.py): "ready" once
 // warm, then for each line read one step and its seconds; ends at the end of the input.
 void serve(const std::string& name, const std::string& mesh) {
-  MeshRun run(model(name), mesh);
+  MeshRun run(bench::train_model(name), mesh);
   std::printf("ready\n");
   std::fflush(stdout);
   for (int c; (c = std::getchar()) != EOF;) {

@@ -18,7 +18,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-
 def use_threads(threads):
     torch.set_num_threads(threads)
     try:

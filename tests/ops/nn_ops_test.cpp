@@ -689,6 +689,16 @@ TEST(NnOps, YarnRopeMatchesMaxTextsFormula) {
       expect_near(values(ops::yarn_rope(put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 4))), 1, yarn)),
                   want);
       check_gradient(rt, rng, mesh, {x}, [&](const std::vector<Tensor>& in) { return ops::yarn_rope(in[0], 1, yarn); });
+      // The attention scaling, applied inside the rotation's pass, has the bits of a scale after
+      // the whole op (forward and gradient).
+      ops::YarnRope unscaled = yarn;
+      unscaled.attention_scaling = false;
+      const Tensor tx = ops::requires_grad(put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 4))));
+      const Tensor tg = put(rt, random_host(rng, {b, s, h, d}), NamedSharding(mesh, testing::random_spec(rng, mesh, 4)));
+      const Tensor fused = ops::yarn_rope(tx, 1, yarn), apart = ops::scale(ops::yarn_rope(tx, 1, unscaled), mscale);
+      EXPECT_EQ(values(fused), values(apart));
+      EXPECT_EQ(values(ops::grad(ops::sum(ops::mul(fused, tg)), {tx})[0]),
+                values(ops::grad(ops::sum(ops::mul(apart, tg)), {tx})[0]));
     }
   }
 }

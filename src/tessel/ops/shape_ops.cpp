@@ -706,7 +706,11 @@ Tensor rope(const Tensor& x, size_t seq_dim, double max_timescale, double scale)
 Tensor yarn_rope(const Tensor& x, size_t seq_dim, const YarnRope& yarn) {
   if (!(yarn.factor > 0) || !(yarn.beta_fast > 0) || !(yarn.beta_slow > 0) || yarn.original_max_position < 1)
     throw ValueError("yarn_rope: factor, beta_fast, beta_slow and original_max_position must be positive");
-  Tensor y = rope_styled(x, seq_dim, {.max_timescale = yarn.max_timescale, .interleaved = yarn.interleave, .yarn = yarn});
+  // attention_scaling multiplies in the rotation's pass: the same bits as after the reordering below.
+  const double attention_scale = yarn.attention_scaling && yarn.factor > 1 ? 0.1 * std::log(yarn.factor) + 1.0 : 1.0;
+  Tensor y = rope_styled(x, seq_dim,
+                         {.max_timescale = yarn.max_timescale, .interleaved = yarn.interleave, .yarn = yarn,
+                          .scale = attention_scale});
   if (yarn.interleave) {
     // Rotated pairs (2k, 2k+1) come out as MaxText's complex numbers do: real parts, then imaginary.
     const size_t r = y.rank();
@@ -719,7 +723,6 @@ Tensor yarn_rope(const Tensor& x, size_t seq_dim, const YarnRope& yarn) {
     std::swap(perm[r - 1], perm[r]);
     y = reshape(transpose(reshape(y, Shape(pairs)), perm), x.shape());
   }
-  if (yarn.attention_scaling && yarn.factor > 1) y = scale(y, 0.1 * std::log(yarn.factor) + 1.0);
   return y;
 }
 
