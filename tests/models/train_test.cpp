@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -198,33 +200,53 @@ TEST(Optimizer, UpdatesFollowOptaxOnShardedParameters) {
   EXPECT_NEAR(s.at(500), 0.1, 1e-12);
 }
 
+// The f32 update tests' parameter and gradient: 61103 elements (vector tails, split over the
+// cores), the gradient's sizes spread over three orders; and the gradient's norm.
+constexpr int64_t kUpdateRows = 301, kUpdateCols = 203;
+struct UpdateInputs {
+  std::vector<float> p0, g0;
+  double norm = 0;
+};
+UpdateInputs update_inputs() {
+  const auto n = static_cast<size_t>(kUpdateRows * kUpdateCols);
+  UpdateInputs in{std::vector<float>(n), std::vector<float>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    in.p0[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    in.g0[i] = static_cast<float>(std::cos(1.3 * static_cast<double>(i)) * (i % 7 == 0 ? 1e-3 : 1.0));
+    in.norm += static_cast<double>(in.g0[i]) * in.g0[i];
+  }
+  in.norm = std::sqrt(in.norm);
+  return in;
+}
+
+// fn(spec, sharding, array) on a mesh that splits the update's arrays unevenly and on one device,
+// where an update's pass is spread over the cores; array(values) places values on the mesh.
+void on_update_meshes(
+    const std::function<void(const char*, const NamedSharding&, const std::function<Array(const std::vector<float>&)>&)>&
+        fn) {
+  for (const char* spec : {"fsdp=4,tensor=2", "data=1"}) {
+    const Mesh mesh = Mesh::parse(spec);
+    const NamedSharding sharding = mesh.device_count() > 1 ? NamedSharding(mesh, {{"fsdp"}, {"tensor"}})
+                                                           : NamedSharding(mesh, {});
+    Runtime rt = Runtime::host(mesh.device_count());
+    fn(spec, sharding, [&](const std::vector<float>& v) {
+      return device_put(rt, HostArray::from<float>(Shape{kUpdateRows, kUpdateCols}, std::span<const float>(v)),
+                        sharding);
+    });
+  }
+}
+
 // f32 AdamW runs its moments and parameter in one pass per element: each step's values are the
 // documented f64 arithmetic rounded to f32 (moments first, the parameter from the rounded
 // moments), bit for bit, on a mesh that splits the array unevenly and on one device, where the
 // pass is spread over the cores.
 TEST(Optimizer, AdamWInF32IsTheF64FormulaRoundedPerStep) {
-  Runtime rt = Runtime::host(8);
-  const int64_t rows = 301, cols = 203;  // 61103 elements: vector tails, split over the cores
-  const auto n = static_cast<size_t>(rows * cols);
-  std::vector<float> p0(n), g0(n);
-  for (size_t i = 0; i < n; ++i) {
-    p0[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
-    g0[i] = static_cast<float>(std::cos(1.3 * static_cast<double>(i)) * (i % 7 == 0 ? 1e-3 : 1.0));
-  }
-  for (const char* spec : {"fsdp=4,tensor=2", "data=1"}) {
-    const Mesh mesh = Mesh::parse(spec);
-    const NamedSharding sharding = mesh.device_count() > 1 ? NamedSharding(mesh, {{"fsdp"}, {"tensor"}})
-                                                           : NamedSharding(mesh, {});
-    Runtime one = Runtime::host(mesh.device_count());
-    const Runtime& r = mesh.device_count() > 1 ? rt : one;
-    auto array = [&](const std::vector<float>& v) {
-      return device_put(r, HostArray::from<float>(Shape{rows, cols}, std::span<const float>(v)), sharding);
-    };
-    double norm = 0;
-    for (float g : g0) norm += static_cast<double>(g) * g;
-    norm = std::sqrt(norm);
+  const UpdateInputs in = update_inputs();
+  const std::vector<float>&p0 = in.p0, &g0 = in.g0;
+  const size_t n = p0.size();
+  on_update_meshes([&](const char* spec, const NamedSharding& sharding, const auto& array) {
     const nn::OptimizerConfig c{.kind = nn::OptimizerKind::kAdamW, .schedule = {.peak = 0.01, .warmup = 1},
-                                .clip_norm = norm / 3};
+                                .clip_norm = in.norm / 3};
     State params;
     params.insert("w", Variable(kParam, array(p0)));
     State opt = nn::init_optimizer(c, params);
@@ -251,7 +273,46 @@ TEST(Optimizer, AdamWInF32IsTheF64FormulaRoundedPerStep) {
       EXPECT_EQ(params.at("w").sharding(), sharding);
       EXPECT_EQ(opt.at("opt_state/mu/w").sharding(), sharding);
     }
-  }
+  });
+}
+
+// f32 SGD, plain and with momentum, is the f64 formula rounded to f32 per step, bit for bit (the
+// vectorized loop's every width).
+TEST(Optimizer, SgdInF32IsTheF64FormulaRoundedPerStep) {
+  const UpdateInputs in = update_inputs();
+  const std::vector<float>&p0 = in.p0, &g0 = in.g0;
+  const size_t n = p0.size();
+  on_update_meshes([&](const char* spec, const NamedSharding& sharding, const auto& array) {
+    for (const double momentum : {0.0, 0.9}) {
+      const nn::OptimizerConfig c{.kind = nn::OptimizerKind::kSgd, .schedule = {.peak = 0.03, .warmup = 1},
+                                  .momentum = momentum, .clip_norm = in.norm / 3};
+      State params;
+      params.insert("w", Variable(kParam, array(p0)));
+      State opt = nn::init_optimizer(c, params);
+      std::vector<float> p = p0, m(n, 0.0f);
+      for (int64_t step = 0; step < 3; ++step) {
+        const nn::UpdateStats s = nn::apply_updates(c, step, params, opt, {{"w", array(g0)}});
+        const double clip = c.clip_norm / s.grad_norm;
+        for (size_t i = 0; i < n; ++i) {
+          if (momentum == 0) {
+            p[i] = static_cast<float>(p[i] - s.lr * clip * g0[i]);
+          } else {
+            m[i] = static_cast<float>(clip * g0[i] + momentum * m[i]);
+            p[i] = static_cast<float>(p[i] - s.lr * m[i]);
+          }
+        }
+        const HostArray hp = to_host(params.at("w").array());
+        const auto gp = hp.values<float>();
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(gp[i], p[i]) << spec << " momentum " << momentum << " step " << step << " " << i;
+        if (momentum != 0) {
+          const HostArray hm = to_host(opt.at("opt_state/mu/w").array());
+          const auto gm = hm.values<float>();
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(gm[i], m[i]) << spec << " step " << step << " mu " << i;
+        }
+        EXPECT_EQ(params.at("w").sharding(), sharding);
+      }
+    }
+  });
 }
 
 // The global norm spreads a large shard over the cores in fixed chunks: the same bits with 1, 2 or 5

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tessel/core/error.h"
-#include "tessel/nn/detail/adam_kernels.h"
+#include "tessel/nn/detail/optimizer_kernels.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/vmath.h"
 #include "tessel/runtime/process_group.h"
@@ -224,6 +224,7 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
         std::vector<Array> next = map_blocks(p, 2, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
           const T *x = in(p, d, at), *gr = in(g, d, at), *m = in(mu, d, at);
           T *out = reinterpret_cast<T*>(o[0]), *m_out = reinterpret_cast<T*>(o[1]);
+          if constexpr (std::is_same_v<T, float>) return detail::sgd_momentum_f32(clip, c.momentum, lr, x, gr, m, out, m_out, n);
           for (int64_t i = 0; i < n; ++i) {
             m_out[i] = static_cast<T>(clip * gr[i] + c.momentum * m[i]);
             out[i] = static_cast<T>(x[i] - lr * m_out[i]);
@@ -236,6 +237,7 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
         Array p2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
           const T *x = in(p, d, at), *gr = in(g, d, at);
           T* out = reinterpret_cast<T*>(o);
+          if constexpr (std::is_same_v<T, float>) return detail::sgd_f32(lr * clip, x, gr, out, n);
           for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(x[i] - lr * clip * gr[i]);
         });
         params.replace(path, with_value(v, v.kind(), std::move(p2)));

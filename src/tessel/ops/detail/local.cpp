@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tessel/core/error.h"
-#include "tessel/ops/detail/blas_kernels.h"
+#include "tessel/ops/detail/blas_setup.h"
 #include "tessel/runtime/detail/array_builder.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/runtime/worker_pool.h"
@@ -166,14 +166,14 @@ Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype
 }
 
 void set_blas_threads(int threads) {
-  ensure_blas_kernels();
+  ensure_blas_setup();
   if (threads == g_blas_threads.load()) return;
   openblas_set_num_threads(threads);
   g_blas_threads.store(threads);
 }
 
 const char* blas_core() {
-  ensure_blas_kernels();
+  ensure_blas_setup();
   return openblas_get_corename();
 }
 
@@ -201,7 +201,7 @@ namespace {
 
 void gemm_ld(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
              int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate) {
-  ensure_blas_kernels();
+  ensure_blas_setup();
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   switch (dtype) {

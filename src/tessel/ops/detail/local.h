@@ -57,7 +57,7 @@ Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype
 // OpenBLAS's thread count (process-wide). Ops keep it at 1 and split work over the pool.
 void set_blas_threads(int threads);
 // The kernel family OpenBLAS runs ("Cooperlake", "Haswell": see OPENBLAS_CORETYPE and
-// blas_kernels.h).
+// blas_setup.h).
 const char* blas_core();
 
 // Inside a compute_shards fn: the cores the fn may spread over (> 1 only when the op has fewer

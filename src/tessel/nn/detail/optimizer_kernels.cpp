@@ -1,4 +1,4 @@
-#include "tessel/nn/detail/adam_kernels.h"
+#include "tessel/nn/detail/optimizer_kernels.h"
 
 #include <cmath>
 
@@ -21,6 +21,20 @@ TESSEL_VECTOR_CLONES void adam_f32(const AdamF32& c, const float* x, const float
     out[i] = static_cast<float>(x[i] - c.lr * update);
     mu_out[i] = m;
     nu_out[i] = s;
+  }
+}
+
+TESSEL_VECTOR_CLONES void sgd_f32(double rate, const float* x, const float* g, float* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i] - rate * g[i]);
+}
+
+TESSEL_VECTOR_CLONES void sgd_momentum_f32(double clip, double momentum, double lr, const float* x, const float* g,
+                                           const float* mu, float* __restrict out, float* __restrict mu_out,
+                                           int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = static_cast<float>(clip * g[i] + momentum * mu[i]);
+    out[i] = static_cast<float>(x[i] - lr * m);
+    mu_out[i] = m;
   }
 }
 

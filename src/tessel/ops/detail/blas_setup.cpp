@@ -1,4 +1,4 @@
-#include "tessel/ops/detail/blas_kernels.h"
+#include "tessel/ops/detail/blas_setup.h"
 
 #include <cblas.h>
 #include <dlfcn.h>
@@ -46,27 +46,38 @@ void* openblas_handle() {
   return dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
 }
 
-// OPENBLAS_CORETYPE set to `name` for the scope, then as it was (child processes see no change).
-class CoreTypeVariable {
+// An environment variable set to `value` for the scope, then as it was (child processes see no
+// change): OpenBLAS reads its settings from the environment only.
+class ScopedVariable {
  public:
-  explicit CoreTypeVariable(const std::string& name) {
-    if (const char* old = std::getenv(kName)) previous_ = old;
-    setenv(kName, name.c_str(), 1);
+  ScopedVariable(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name_)) previous_ = old;
+    setenv(name_, value.c_str(), 1);
   }
-  ~CoreTypeVariable() {
+  ~ScopedVariable() {
     if (previous_) {
-      setenv(kName, previous_->c_str(), 1);
+      setenv(name_, previous_->c_str(), 1);
     } else {
-      unsetenv(kName);
+      unsetenv(name_);
     }
   }
-  CoreTypeVariable(const CoreTypeVariable&) = delete;
-  CoreTypeVariable& operator=(const CoreTypeVariable&) = delete;
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
 
  private:
-  static constexpr const char* kName = "OPENBLAS_CORETYPE";
+  const char* name_;
   std::optional<std::string> previous_;
 };
+
+// OpenBLAS's entry point `name` (nullptr when this build lacks it).
+template <class Fn>
+Fn* openblas_entry(const char* name) {
+  void* lib = openblas_handle();
+  if (lib == nullptr) return nullptr;
+  void* fn = dlsym(lib, name);
+  dlclose(lib);  // the library stays loaded: tessel links it
+  return reinterpret_cast<Fn*>(fn);
+}
 
 }  // namespace
 
@@ -81,21 +92,16 @@ std::vector<std::string> better_blas_kernels(std::string_view current, const Cpu
 }
 
 bool switch_blas_kernels(const std::string& name) {
-  void* lib = openblas_handle();
-  if (lib == nullptr) return false;
-  using Hook = void (*)();
-  auto quit = reinterpret_cast<Hook>(dlsym(lib, "gotoblas_dynamic_quit"));
-  auto init = reinterpret_cast<Hook>(dlsym(lib, "gotoblas_dynamic_init"));
+  auto* quit = openblas_entry<void()>("gotoblas_dynamic_quit");
+  auto* init = openblas_entry<void()>("gotoblas_dynamic_init");
   // Only families this build carries (its kernel table gotoblas_<NAME>): asking for another would
   // make OpenBLAS warn and fall back to Prescott.
   std::string table = "gotoblas_";
   for (char c : name) table += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  const bool carried = dlsym(lib, table.c_str()) != nullptr;
-  dlclose(lib);
-  if (quit == nullptr || init == nullptr || !carried) return false;
+  if (quit == nullptr || init == nullptr || openblas_entry<void>(table.c_str()) == nullptr) return false;
   {
     // The same path as OPENBLAS_CORETYPE set at load time: OpenBLAS reads it when it initialises.
-    CoreTypeVariable variable(name);
+    ScopedVariable variable("OPENBLAS_CORETYPE", name);
     quit();
     init();
   }
@@ -108,10 +114,33 @@ std::string select_blas_kernels() {
   return openblas_get_corename();
 }
 
-void ensure_blas_kernels() {
+bool set_blas_thread_timeout(int log2_cycles) {
+  auto* read_env = openblas_entry<void()>("openblas_read_env");
+  auto* stop = openblas_entry<int()>("blas_thread_shutdown_");
+  auto* start = openblas_entry<int()>("blas_thread_init");
+  // 1: OpenBLAS's own threads (0 is a sequential build, 2 OpenMP, which has no such wait).
+  if (openblas_get_parallel() != 1 || read_env == nullptr || stop == nullptr || start == nullptr) return false;
+  {
+    // OpenBLAS keeps a copy of its variables, read at load time; its threads' start reads the wait
+    // from that copy, and so does their restart after a fork.
+    ScopedVariable variable("OPENBLAS_THREAD_TIMEOUT", std::to_string(log2_cycles));
+    read_env();
+  }
+  stop();
+  start();
+  return true;
+}
+
+int blas_thread_timeout() {
+  auto* timeout = openblas_entry<unsigned()>("openblas_thread_timeout");
+  return timeout ? static_cast<int>(timeout()) : -1;
+}
+
+void ensure_blas_setup() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (std::getenv("OPENBLAS_CORETYPE") == nullptr) select_blas_kernels();
+    if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) set_blas_thread_timeout(kBlasThreadTimeout);
   });
 }
 

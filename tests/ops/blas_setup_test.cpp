@@ -1,5 +1,8 @@
-// OpenBLAS's kernel family: a CPU that OpenBLAS does not know (it falls back to the kernels of CPUs
-// without AVX) gets the family its features call for, and the products stay right.
+// OpenBLAS's defaults tessel corrects: a CPU that OpenBLAS does not know (it falls back to the
+// kernels of CPUs without AVX) gets the family its features call for, idle threads sleep at once,
+// and the products stay right.
+#include <cblas.h>
+
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -7,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tessel/ops/detail/blas_kernels.h"
+#include "tessel/ops/detail/blas_setup.h"
 #include "tessel/ops/detail/local.h"
 
 namespace tessel {
@@ -18,7 +21,7 @@ using ops::detail::CpuFeatures;
 
 using Names = std::vector<std::string>;
 
-TEST(BlasKernels, OnlyAFallBackWithoutAvxIsReplacedByTheFeaturesBestFamily) {
+TEST(BlasSetup, OnlyAFallBackWithoutAvxIsReplacedByTheFeaturesBestFamily) {
   const CpuFeatures all{.avx = true, .avx2_fma = true, .avx512 = true, .avx512_bf16 = true};
   const CpuFeatures avx512{.avx = true, .avx2_fma = true, .avx512 = true};
   const CpuFeatures avx2{.avx = true, .avx2_fma = true};
@@ -32,14 +35,24 @@ TEST(BlasKernels, OnlyAFallBackWithoutAvxIsReplacedByTheFeaturesBestFamily) {
     EXPECT_EQ(better_blas_kernels(kept, all), Names{}) << kept;
 }
 
-float product_error(int64_t m, int64_t n, int64_t k) {
+// The largest error of an m x n x k product against f64, relative to the sum of the terms' sizes:
+// as the ops multiply (blas_threads 0), or on that many of OpenBLAS's own threads.
+float product_error(int64_t m, int64_t n, int64_t k, int blas_threads = 0) {
   std::mt19937 rng(7);
   std::normal_distribution<float> dist;
   std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n));
   for (float& x : a) x = dist(rng);
   for (float& x : b) x = dist(rng);
-  ops::detail::gemm(DType::kF32, false, false, m, n, k, reinterpret_cast<const std::byte*>(a.data()),
-                    reinterpret_cast<const std::byte*>(b.data()), reinterpret_cast<std::byte*>(c.data()), false);
+  const auto* pa = reinterpret_cast<const std::byte*>(a.data());
+  const auto* pb = reinterpret_cast<const std::byte*>(b.data());
+  auto* pc = reinterpret_cast<std::byte*>(c.data());
+  if (blas_threads == 0) {
+    ops::detail::gemm(DType::kF32, false, false, m, n, k, pa, pb, pc, false);
+  } else {
+    ops::detail::set_blas_threads(blas_threads);
+    ops::detail::gemm_strided(DType::kF32, false, false, m, n, k, pa, k, pb, n, pc, n, false);
+    ops::detail::set_blas_threads(1);
+  }
   float worst = 0;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -53,7 +66,7 @@ float product_error(int64_t m, int64_t n, int64_t k) {
   return worst;
 }
 
-TEST(BlasKernels, AMisdetectedCpuGetsVectorKernelsAndTheSameProducts) {
+TEST(BlasSetup, AMisdetectedCpuGetsVectorKernelsAndTheSameProducts) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE chooses the kernels";
   const CpuFeatures cpu = CpuFeatures::of_this_cpu();
   if (!cpu.avx2_fma) GTEST_SKIP() << "no AVX2: nothing better than OpenBLAS's choice";
@@ -70,6 +83,22 @@ TEST(BlasKernels, AMisdetectedCpuGetsVectorKernelsAndTheSameProducts) {
   EXPECT_LT(before, 1e-6f);
   EXPECT_LT(product_error(67, 45, 300), 1e-6f);
   EXPECT_TRUE(ops::detail::switch_blas_kernels(first));
+}
+
+TEST(BlasSetup, IdleThreadsSleepAtOnceUnlessTheUserChoseAWait) {
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr) GTEST_SKIP() << "OPENBLAS_THREAD_TIMEOUT chooses the wait";
+  if (openblas_get_parallel() != 1) GTEST_SKIP() << "this OpenBLAS has no threads of its own";
+  EXPECT_LT(product_error(67, 45, 300), 1e-6f);  // tessel's first product sets OpenBLAS up
+  EXPECT_EQ(ops::detail::blas_thread_timeout(), ops::detail::kBlasThreadTimeout);
+  EXPECT_EQ(std::getenv("OPENBLAS_THREAD_TIMEOUT"), nullptr);  // the process's environment as it was
+  EXPECT_LT(product_error(256, 320, 288, 2), 1e-6f);
+  // Restarted with another wait, the threads still multiply, again and again.
+  ASSERT_TRUE(ops::detail::set_blas_thread_timeout(12));
+  EXPECT_EQ(ops::detail::blas_thread_timeout(), 12);
+  for (int i = 0; i < 3; ++i) EXPECT_LT(product_error(256, 320, 288, 2), 1e-6f);
+  ASSERT_TRUE(ops::detail::set_blas_thread_timeout(ops::detail::kBlasThreadTimeout));
+  EXPECT_LT(product_error(256, 320, 288, 2), 1e-6f);
+  EXPECT_EQ(std::getenv("OPENBLAS_THREAD_TIMEOUT"), nullptr);
 }
 
 }  // namespace
