@@ -88,22 +88,19 @@ __attribute__((target("avx512f"))) void pack_b(bool trans_b, int64_t k, int64_t 
       }
       continue;
     }
-    int64_t c = 0;
-    for (; c + 16 <= cols; c += 16) {
-      const float* src = b + (c0 + c) * ldb + p0;
-      int64_t p = 0;
-      for (; p + 16 <= kc; p += 16) {
+    // Whole 16 x 16 blocks in registers, then what they leave (past k's last 16, past n's) one by one.
+    const int64_t block_cols = cols / 16 * 16, block_k = kc / 16 * 16;
+    for (int64_t c = 0; c < block_cols; c += 16) {
+      for (int64_t p = 0; p < block_k; p += 16) {
         __m512 r[16];
-        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ldb + p);
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(b + (c0 + c + i) * ldb + p0 + p);
         transpose16(r);
         for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p + i) * kNr + c, r[i]);
       }
-      for (; p < kc; ++p)
-        for (int i = 0; i < 16; ++i) dst[p * kNr + c + i] = src[i * ldb + p];
     }
-    for (; c < cols; ++c) {
+    for (int64_t c = 0; c < cols; ++c) {
       const float* src = b + (c0 + c) * ldb + p0;
-      for (int64_t p = 0; p < kc; ++p) dst[p * kNr + c] = src[p];
+      for (int64_t p = c < block_cols ? block_k : 0; p < kc; ++p) dst[p * kNr + c] = src[p];
     }
   }
 }
