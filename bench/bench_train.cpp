@@ -1,8 +1,10 @@
 // Training-step figures with their reference measured in the same run (bench/train_bench.sh
-// prints the ratios): the SGEMM rate of OpenBLAS on the shapes the models use, with all cores,
-// then one train step of DotReluDot (batch 512, 1024 -> 4096 -> 1024, MSE, SGD) and of a small LM
-// (vocab 256, embed 256, 4 layers, 4 heads, MLP 1024, seq 128, batch 16, AdamW) on 1 device and
-// on 8 virtual devices with each parallelism.
+// prints the ratios): the rate of tessel's f32 products (oneDNN) on the shapes the models use,
+// with all cores, then one train step of DotReluDot (batch 512, 1024 -> 4096 -> 1024, MSE, SGD)
+// and of a small LM (vocab 256, embed 256, 4 layers, 4 heads, MLP 1024, seq 128, batch 16, AdamW)
+// on 1 device and on 8 virtual devices with each parallelism.
+#include <cblas.h>
+
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,18 +24,42 @@ using namespace tessel;
 const std::vector<std::string> kMeshes = {"data=1", "data=8", "fsdp=8", "tensor=8", "data=2,fsdp=2,tensor=2",
                                           "data=2,tensor=4"};
 
-// C[m,n] = op(A) op(B) with every core on one product (no device split): the machine's rate.
+// C[m,n] = op(A) op(B) with every core on one product (no device split), as a 1-device op runs
+// it (inside its spread region): the machine's rate.
 void BM_Sgemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const bool ta = state.range(3) & 1, tb = state.range(3) & 2;
   std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
       c(static_cast<size_t>(m * n));
-  ops::detail::set_blas_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  const Runtime rt = Runtime::host(1);
+  ops::detail::compute_blocks_together(rt, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}), true,
+                                       [&](const std::vector<ops::detail::BlockTask>&) {
+                                         for (auto _ : state) {
+                                           ops::detail::gemm(DType::kF32, ta, tb, m, n, k,
+                                                             reinterpret_cast<const std::byte*>(a.data()),
+                                                             reinterpret_cast<const std::byte*>(b.data()),
+                                                             reinterpret_cast<std::byte*>(c.data()), false);
+                                           benchmark::ClobberMemory();
+                                         }
+                                       });
+  state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(ops::detail::sgemm_runs_dnnl(m, n, k) ? "oneDNN" : ops::detail::blas_core());
+}
+// The same products on OpenBLAS's own threads, one per core (tessel's f32 path before oneDNN): the
+// library oneDNN replaced, measured beside it.
+void BM_SgemmOpenBlas(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) & 1, tb = state.range(3) & 2;
+  std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
+      c(static_cast<size_t>(m * n));
+  ops::detail::set_blas_threads(static_cast<int>(std::thread::hardware_concurrency()));  // sets OpenBLAS up too
   for (auto _ : state) {
-    ops::detail::gemm(DType::kF32, ta, tb, m, n, k, reinterpret_cast<const std::byte*>(a.data()),
-                      reinterpret_cast<const std::byte*>(b.data()), reinterpret_cast<std::byte*>(c.data()), false);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(), static_cast<int>(ta ? m : k), b.data(),
+                static_cast<int>(tb ? k : n), 0.0f, c.data(), static_cast<int>(n));
     benchmark::ClobberMemory();
   }
+  ops::detail::set_blas_threads(1);
   state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(ops::detail::blas_core());
 }
@@ -44,6 +70,7 @@ void model_gemms(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_Sgemm)->Apply(model_gemms)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_SgemmOpenBlas)->Apply(model_gemms)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
 void BM_TrainStep(benchmark::State& state) {
   const int64_t which = state.range(0);

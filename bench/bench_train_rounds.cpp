@@ -42,10 +42,11 @@ double quantile(std::vector<double> v, double q) {
 double median(const std::vector<double>& v) { return quantile(v, 0.5); }
 
 // The model's mean SGEMM rate (FLOP/s) over its shapes with every core, each shape timed as the
-// median of 3 calls.
+// median of 3 calls: the products as a 1-device op runs them (inside its spread region, split over
+// the pool's threads).
 class GemmRate {
  public:
-  explicit GemmRate(const std::vector<Gemm>& gemms) : gemms_(gemms) {
+  explicit GemmRate(const std::vector<Gemm>& gemms) : gemms_(gemms), rt_(Runtime::host(1)) {
     for (const Gemm& g : gemms_) {
       a_.emplace_back(static_cast<size_t>(g.m * g.k), 0.5f);
       b_.emplace_back(static_cast<size_t>(g.k * g.n), 0.25f);
@@ -53,7 +54,14 @@ class GemmRate {
     }
   }
   double measure() {
-    ops::detail::set_blas_threads(static_cast<int>(std::thread::hardware_concurrency()));
+    double sum = 0;
+    ops::detail::compute_blocks_together(rt_, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}),
+                                         true, [&](const std::vector<ops::detail::BlockTask>&) { sum = sum_of_rates(); });
+    return sum / static_cast<double>(gemms_.size());
+  }
+
+ private:
+  double sum_of_rates() {
     double sum = 0;
     for (size_t i = 0; i < gemms_.size(); ++i) {
       const Gemm& g = gemms_[i];
@@ -68,12 +76,11 @@ class GemmRate {
       }
       sum += 2.0 * static_cast<double>(g.m * g.n * g.k) / median(times);
     }
-    ops::detail::set_blas_threads(1);  // as the ops keep it
-    return sum / static_cast<double>(gemms_.size());
+    return sum;
   }
 
- private:
   std::vector<Gemm> gemms_;
+  Runtime rt_;
   std::vector<std::vector<float>> a_, b_, c_;
 };
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Training figures, all measured in this one run on this machine: OpenBLAS's SGEMM rate on the
-# models' shapes with every core (and again with OPENBLAS_CORETYPE=Haswell, which these machines
-# may set), then one train step of DotReluDot and of the small LM on 1 device and on 8 virtual
+# Training figures, all measured in this one run on this machine: the SGEMM rate of tessel's f32
+# products on the models' shapes with every core (oneDNN's kernels since 2026-11-27, split over the
+# pool as a 1-device op splits them; the run again with OPENBLAS_CORETYPE=Haswell, which these
+# machines may set, now only matters for OpenBLAS's small products), then one train step of DotReluDot and of the small LM on 1 device and on 8 virtual
 # devices per parallelism, against the GEMM-only lower bound (FLOPs / measured rate), against the
 # 1-device step (also within alternating rounds: bench_train_rounds), and against the peers on the
 # same models, batches and meshes: jax.jit on 1 and on 8 host CPU devices (bench/jax_peer.py) and
@@ -20,7 +21,7 @@ py=$root/.venv/bin/python
 reps=(--benchmark_repetitions="${TESSEL_BENCH_REPETITIONS:-3}" --benchmark_enable_random_interleaving=true
       --benchmark_report_aggregates_only=true --benchmark_format=json)
 "$build/bench/bench_train" "${reps[@]}" > "$build/bench_train.json"
-OPENBLAS_CORETYPE=Haswell "$build/bench/bench_train" --benchmark_filter=Sgemm "${reps[@]}" \
+OPENBLAS_CORETYPE=Haswell "$build/bench/bench_train" --benchmark_filter=BM_Sgemm/ "${reps[@]}" \
   > "$build/bench_train_haswell.json"
 # The same ratios taken within rounds (the GEMM bound and every mesh's step one after another).
 rounds=${TESSEL_BENCH_ROUNDS:-30}
@@ -54,15 +55,18 @@ def medians(path):  # each benchmark's median over the repetitions
 doc = medians(f"{build}/bench_train.json")
 has = medians(f"{build}/bench_train_haswell.json")
 print(f"machine: {doc['context'].get('num_cpus')} cpus; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
-def rates(d):
-    return [b["flops"] / 1e9 for b in d["benchmarks"] if b["name"].startswith("BM_Sgemm")]
-r, rh = rates(doc), rates(has)
-core = next(b["label"] for b in doc["benchmarks"] if b["name"].startswith("BM_Sgemm"))
+def rates(d, name="BM_Sgemm/"):
+    return [b["flops"] / 1e9 for b in d["benchmarks"] if b["name"].startswith(name)]
+r, rh, ro = rates(doc), rates(has), rates(doc, "BM_SgemmOpenBlas/")
+core = next(b["label"] for b in doc["benchmarks"] if b["name"].startswith("BM_Sgemm/"))
 # The bound uses the best GEMM available: the faster of the two kernel families.
 mlp_rate, lm_rate = max(sum(r[:3]), sum(rh[:3])) / 3, max(sum(r[3:]), sum(rh[3:])) / 4
 print(f"SGEMM, {threads} threads, kernels {core}: MLP shapes {sum(r[:3]) / 3:.0f} GFLOP/s, LM shapes "
       f"{sum(r[3:]) / 4:.0f} GFLOP/s; with OPENBLAS_CORETYPE=Haswell: {sum(rh[:3]) / 3:.0f} and {sum(rh[3:]) / 4:.0f}; "
       f"bounds below use the faster: {mlp_rate:.0f} and {lm_rate:.0f}")
+print(f"OpenBLAS on its own {threads} threads on the same shapes: MLP {sum(ro[:3]) / 3:.0f} GFLOP/s, LM "
+      f"{sum(ro[3:]) / 4:.0f} GFLOP/s (tessel's products {mlp_rate / (sum(ro[:3]) / 3):.2f}x and "
+      f"{lm_rate / (sum(ro[3:]) / 4):.2f}x its rate)")
 # FLOPs of one step: forward GEMMs x 3 (the backward pass needs two products per forward one).
 # DotReluDot: two forward products, and backward dW2, dH, dW1 (the batch needs no gradient).
 mlp_flops = 5 * 2 * 512 * 1024 * 4096

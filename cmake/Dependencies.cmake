@@ -7,6 +7,7 @@ find_package(PkgConfig REQUIRED)            # pkg-config
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)   # libzstd-dev
 pkg_check_modules(BLOSC REQUIRED IMPORTED_TARGET blosc)    # libblosc-dev
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)  # libopenblas-dev
+find_package(dnnl 2.6 CONFIG REQUIRED)     # libdnnl-dev (oneDNN; its OpenMP runtime is libgomp, g++'s)
 set(MPI_CXX_SKIP_MPICXX ON)                 # the C API only (the C++ bindings are deprecated)
 find_package(MPI REQUIRED COMPONENTS CXX)   # libopenmpi-dev (mpirun: openmpi-bin)
 if(TESSEL_BUILD_TESTS)

@@ -5,7 +5,7 @@
 #   (JAX, Flax, Orbax, zarr, PyTorch) come from PyPI into .venv: scripts/venv.sh.
 set -euo pipefail
 packages=(cmake make g++ pkg-config nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev
+          libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev libdnnl-dev
           libopenmpi-dev openmpi-bin)
 if [ "${1:-build}" = test ]; then
   packages+=(clang libclang-rt-14-dev zstd)

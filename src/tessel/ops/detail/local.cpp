@@ -1,10 +1,12 @@
 #include "tessel/ops/detail/local.h"
 
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -12,6 +14,14 @@
 #include "tessel/runtime/detail/array_builder.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/runtime/worker_pool.h"
+
+// The OpenMP runtime's per-thread setting (libgomp, which oneDNN runs on), declared here rather
+// than through <omp.h>: that header lives in g++'s own include directory, which clang (the
+// fuzzers' compiler) does not search.
+extern "C" {
+void omp_set_num_threads(int threads);
+int omp_get_max_threads(void);
+}
 
 namespace tessel::ops::detail {
 
@@ -197,10 +207,33 @@ void split_rows(int64_t rows, int64_t row_items, const std::function<void(int64_
   split_range(rows, std::max<int64_t>(1, kGrainItems / std::max<int64_t>(row_items, 1)), body);
 }
 
+bool sgemm_runs_dnnl(int64_t m, int64_t n, int64_t k) { return m * n * k >= kSgemmDnnlMinWork; }
+
 namespace {
 
+// oneDNN's sgemm on this thread alone: tessel's pool splits products itself, and oneDNN would
+// otherwise start as many OpenMP threads as the calling thread may (the cores), beside the pool's.
+// Its bits then depend on the product's own shape and values only: not on how the rows or columns
+// of C are split over the cores, nor on the operands' alignment.
+void sgemm_dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if (omp_get_max_threads() != 1) omp_set_num_threads(1);  // this thread's setting only
+  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb,
+                                          accumulate ? 1.0f : 0.0f, c, ldc);
+  if (status != dnnl_success)
+    throw Error("oneDNN's sgemm failed with status " + std::to_string(static_cast<int>(status)) + " on [" +
+                std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(k) + ", " + std::to_string(n) +
+                "] (lda " + std::to_string(lda) + ", ldb " + std::to_string(ldb) + ", ldc " + std::to_string(ldc) + ")");
+}
+
+// One call on this thread; f32 through oneDNN when `dnnl` (chosen by the whole product's shape,
+// so that the pieces of a split product run as the whole would).
 void gemm_ld(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
-             int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate) {
+             int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate, bool dnnl) {
+  if (dtype == DType::kF32 && dnnl) {
+    return sgemm_dnnl(trans_a, trans_b, m, n, k, reinterpret_cast<const float*>(a), lda, reinterpret_cast<const float*>(b),
+                      ldb, reinterpret_cast<float*>(c), ldc, accumulate);
+  }
   ensure_blas_setup();
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
@@ -231,7 +264,7 @@ void gemm_strided(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
     for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc * static_cast<int64_t>(item), 0, static_cast<size_t>(n) * item);
     return;
   }
-  gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate, sgemm_runs_dnnl(m, n, k));
 }
 
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
@@ -240,10 +273,11 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   const int64_t item = static_cast<int64_t>(item_size(dtype));
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   if (k == 0) return gemm_strided(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate);
+  const bool dnnl = sgemm_runs_dnnl(m, n, k);
   WorkerPool* pool = g_spread_pool.load();
-  if (pool && m * n * k >= (int64_t{1} << 30)) {
+  if (pool && m * n * k >= (int64_t{1} << 30) && !(dtype == DType::kF32 && dnnl)) {
     set_blas_threads(pool->size());
-    gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate);
+    gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate, dnnl);
     set_blas_threads(1);
     return;
   }
@@ -251,12 +285,12 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   if (m >= n) {
     split_range(m, 64, [&](int64_t lo, int64_t hi) {
       const std::byte* pa = a + (trans_a ? lo : lo * lda) * item;
-      gemm_ld(dtype, trans_a, trans_b, hi - lo, n, k, pa, lda, b, ldb, c + lo * n * item, n, accumulate);
+      gemm_ld(dtype, trans_a, trans_b, hi - lo, n, k, pa, lda, b, ldb, c + lo * n * item, n, accumulate, dnnl);
     });
   } else {
     split_range(n, 64, [&](int64_t lo, int64_t hi) {
       const std::byte* pb = b + (trans_b ? lo * ldb : lo) * item;
-      gemm_ld(dtype, trans_a, trans_b, m, hi - lo, k, a, lda, pb, ldb, c + lo * item, n, accumulate);
+      gemm_ld(dtype, trans_a, trans_b, m, hi - lo, k, a, lda, pb, ldb, c + lo * item, n, accumulate, dnnl);
     });
   }
 }

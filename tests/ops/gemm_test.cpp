@@ -1,0 +1,122 @@
+// The per-device f32 products (ops/detail/local.h): oneDNN's sgemm for all but the smallest,
+// OpenBLAS's below kSgemmDnnlMinWork. A product split over the pool has the bits of the product
+// run whole (a 1-device op splits its products; a device of a larger mesh runs its own whole), and
+// oneDNN's bits depend on neither how its rows or columns are split nor where its operands lie.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tessel/ops/detail/local.h"
+#include "tessel/runtime/runtime.h"
+#include "tessel/sharding/mesh.h"
+
+namespace tessel {
+namespace {
+
+using ops::detail::gemm;
+using ops::detail::gemm_strided;
+
+struct Product {
+  int64_t m, n, k;
+  bool trans_a, trans_b, accumulate;
+};
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t count) {
+  std::normal_distribution<float> dist;
+  std::vector<float> out(static_cast<size_t>(count));
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+const std::byte* bytes(const float* p) { return reinterpret_cast<const std::byte*>(p); }
+std::byte* bytes(float* p) { return reinterpret_cast<std::byte*>(p); }
+
+TEST(Gemm, F32ProductsHaveTheSameBitsHoweverTheCoresSplitThemAndWhereverTheyLie) {
+  std::mt19937 rng(5);
+  const Runtime rt = Runtime::host(4);
+  std::vector<Product> products = {{512, 1024, 768, false, false, false}, {300, 700, 129, false, true, true},
+                                   {1000, 64, 300, true, false, false},  {40, 40, 40, false, false, false},
+                                   {64, 33, 31, true, true, true},      {130, 900, 1000, true, true, false}};
+  std::uniform_int_distribution<int64_t> side(1, 600);
+  for (int i = 0; i < 6; ++i)
+    products.push_back({side(rng), side(rng), side(rng), rng() % 2 == 0, rng() % 2 == 0, rng() % 2 == 0});
+  int split_by_hand = 0;
+  for (const Product& p : products) {
+    SCOPED_TRACE(testing::Message() << p.m << " x " << p.n << " x " << p.k << " trans " << p.trans_a << p.trans_b
+                                    << " accumulate " << p.accumulate);
+    const std::vector<float> a = random_floats(rng, p.m * p.k), b = random_floats(rng, p.k * p.n),
+                             c0 = random_floats(rng, p.m * p.n);
+    const int64_t lda = p.trans_a ? p.m : p.k, ldb = p.trans_b ? p.k : p.n;
+    // One call on this thread.
+    std::vector<float> whole = c0;
+    gemm_strided(DType::kF32, p.trans_a, p.trans_b, p.m, p.n, p.k, bytes(a.data()), lda, bytes(b.data()), ldb,
+                 bytes(whole.data()), p.n, p.accumulate);
+    // Against f64: every element within the rounding of its terms.
+    for (int64_t r = 0; r < p.m; ++r) {
+      for (int64_t c = 0; c < p.n; ++c) {
+        double want = p.accumulate ? c0[r * p.n + c] : 0.0, scale = std::abs(want);
+        for (int64_t q = 0; q < p.k; ++q) {
+          const double term = double(a[p.trans_a ? q * p.m + r : r * p.k + q]) * b[p.trans_b ? c * p.k + q : q * p.n + c];
+          want += term;
+          scale += std::abs(term);
+        }
+        ASSERT_NEAR(whole[r * p.n + c], want, 1e-6 * (scale + 1)) << "row " << r << " column " << c;
+      }
+    }
+    // Split over the pool as a 1-device op splits it.
+    std::vector<float> spread = c0;
+    ops::detail::compute_blocks_together(rt, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}),
+                                         true, [&](const std::vector<ops::detail::BlockTask>&) {
+                                           gemm(DType::kF32, p.trans_a, p.trans_b, p.m, p.n, p.k, bytes(a.data()),
+                                                bytes(b.data()), bytes(spread.data()), p.accumulate);
+                                         });
+    EXPECT_EQ(std::memcmp(spread.data(), whole.data(), whole.size() * sizeof(float)), 0);
+    // By hand: rows in two uneven calls, then columns, where every piece runs oneDNN as the whole
+    // does (OpenBLAS's small products run other kernels for other shapes: gemm splits none of them).
+    std::vector<float> rows = c0, cols = c0;
+    const int64_t mh = p.m / 3, nh = p.n * 2 / 3;
+    using ops::detail::sgemm_runs_dnnl;
+    if (!sgemm_runs_dnnl(p.m, p.n, p.k) || !sgemm_runs_dnnl(mh, p.n, p.k) || !sgemm_runs_dnnl(p.m, p.n - nh, p.k)) continue;
+    ++split_by_hand;
+    for (auto [lo, hi] : {std::pair{int64_t{0}, mh}, std::pair{mh, p.m}}) {
+      gemm_strided(DType::kF32, p.trans_a, p.trans_b, hi - lo, p.n, p.k, bytes(a.data() + (p.trans_a ? lo : lo * lda)), lda,
+                   bytes(b.data()), ldb, bytes(rows.data() + lo * p.n), p.n, p.accumulate);
+    }
+    for (auto [lo, hi] : {std::pair{int64_t{0}, nh}, std::pair{nh, p.n}}) {
+      gemm_strided(DType::kF32, p.trans_a, p.trans_b, p.m, hi - lo, p.k, bytes(a.data()), lda,
+                   bytes(b.data() + (p.trans_b ? lo * ldb : lo)), ldb, bytes(cols.data() + lo), p.n, p.accumulate);
+    }
+    EXPECT_EQ(std::memcmp(rows.data(), whole.data(), whole.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(cols.data(), whole.data(), whole.size() * sizeof(float)), 0);
+    // The same values one float past a 64-byte boundary.
+    std::vector<float> a1(a.size() + 1), b1(b.size() + 1), c1(c0.size() + 1);
+    std::copy(a.begin(), a.end(), a1.begin() + 1);
+    std::copy(b.begin(), b.end(), b1.begin() + 1);
+    std::copy(c0.begin(), c0.end(), c1.begin() + 1);
+    gemm_strided(DType::kF32, p.trans_a, p.trans_b, p.m, p.n, p.k, bytes(a1.data() + 1), lda, bytes(b1.data() + 1), ldb,
+                 bytes(c1.data() + 1), p.n, p.accumulate);
+    EXPECT_EQ(std::memcmp(c1.data() + 1, whole.data(), whole.size() * sizeof(float)), 0);
+  }
+  EXPECT_GE(split_by_hand, 4);
+}
+
+TEST(Gemm, AnOverwrittenProductIgnoresWhatTheOutputHeld) {
+  std::mt19937 rng(6);
+  for (int64_t side : {8, 200}) {  // OpenBLAS's side of the threshold, then oneDNN's
+    SCOPED_TRACE(side);
+    ASSERT_EQ(ops::detail::sgemm_runs_dnnl(side, side, side), side * side * side >= ops::detail::kSgemmDnnlMinWork);
+    const std::vector<float> a = random_floats(rng, side * side), b = random_floats(rng, side * side);
+    std::vector<float> nan(static_cast<size_t>(side * side), std::nanf("")), zero(nan.size(), 0.0f);
+    gemm_strided(DType::kF32, false, false, side, side, side, bytes(a.data()), side, bytes(b.data()), side, bytes(nan.data()),
+                 side, false);
+    gemm_strided(DType::kF32, false, false, side, side, side, bytes(a.data()), side, bytes(b.data()), side, bytes(zero.data()),
+                 side, true);
+    EXPECT_EQ(std::memcmp(nan.data(), zero.data(), nan.size() * sizeof(float)), 0);
+  }
+}
+
+}  // namespace
+}  // namespace tessel
