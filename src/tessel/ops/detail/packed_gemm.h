@@ -1,8 +1,9 @@
 // Internal: one matrix B times the rows of many devices' A blocks, with B packed once.
 //
-// OpenBLAS packs B again on every call. With a replicated weight and few rows per device (data
-// parallelism on one host: 8 devices of 64 rows against a 16 MiB weight) that packing costs
-// about as much as the products, and each device's product runs at the efficiency of 64 rows.
+// A library GEMM (oneDNN, OpenBLAS) packs B again on every call. With a replicated weight and
+// few rows per device (data parallelism on one host: 8 devices of 64 rows against a 16 MiB
+// weight) that packing costs about as much as the products, and each device's product runs at
+// the efficiency of 64 rows.
 // Here the devices that share one B block are multiplied together: B packed once, each packed
 // panel used by all their rows. Every row's result depends on its own values only (each k block
 // is one fused multiply-add chain from zero, the blocks summed in order), never on which rows
@@ -30,7 +31,7 @@ bool packed_gemm_supported();
 // Spread over the cores when called inside a spread region (see spread()). Scratch: one k block
 // of B packed at a time (1 MiB per 1024 columns of B), kept by the calling thread. It also serves lone
 // products of a short contraction into a large C (weight gradients of few rows per device):
-// C is written once, where OpenBLAS first clears it for beta = 0.
+// C is written once (OpenBLAS, which ran them before, first cleared it for beta = 0).
 void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const float* b, const std::vector<RowBlock>& blocks);
 
 // One term of a sum of products: A^T stored as [k, m] and B [k, n], row-major and dense (one
