@@ -32,16 +32,13 @@ void BM_Sgemm(benchmark::State& state) {
   std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
       c(static_cast<size_t>(m * n));
   const Runtime rt = Runtime::host(1);
-  ops::detail::compute_blocks_together(rt, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}), true,
-                                       [&](const std::vector<ops::detail::BlockTask>&) {
-                                         for (auto _ : state) {
-                                           ops::detail::gemm(DType::kF32, ta, tb, m, n, k,
-                                                             reinterpret_cast<const std::byte*>(a.data()),
-                                                             reinterpret_cast<const std::byte*>(b.data()),
-                                                             reinterpret_cast<std::byte*>(c.data()), false);
-                                           benchmark::ClobberMemory();
-                                         }
-                                       });
+  ops::detail::run_spread(rt, [&] {
+    for (auto _ : state) {
+      ops::detail::gemm(DType::kF32, ta, tb, m, n, k, reinterpret_cast<const std::byte*>(a.data()),
+                        reinterpret_cast<const std::byte*>(b.data()), reinterpret_cast<std::byte*>(c.data()), false);
+      benchmark::ClobberMemory();
+    }
+  });
   state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(ops::detail::sgemm_runs_dnnl(m, n, k) ? "oneDNN" : ops::detail::blas_core());
 }

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "train_models.h"
@@ -55,8 +54,7 @@ class GemmRate {
   }
   double measure() {
     double sum = 0;
-    ops::detail::compute_blocks_together(rt_, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}),
-                                         true, [&](const std::vector<ops::detail::BlockTask>&) { sum = sum_of_rates(); });
+    ops::detail::run_spread(rt_, [&] { sum = sum_of_rates(); });
     return sum / static_cast<double>(gemms_.size());
   }
 

@@ -2,12 +2,13 @@
 # Training figures, all measured in this one run on this machine: the SGEMM rate of tessel's f32
 # products on the models' shapes with every core (oneDNN's kernels since 2026-11-27, split over the
 # pool as a 1-device op splits them; the run again with OPENBLAS_CORETYPE=Haswell, which these
-# machines may set, now only matters for OpenBLAS's small products), then one train step of DotReluDot and of the small LM on 1 device and on 8 virtual
-# devices per parallelism, against the GEMM-only lower bound (FLOPs / measured rate), against the
-# 1-device step (also within alternating rounds: bench_train_rounds), and against the peers on the
-# same models, batches and meshes: jax.jit on 1 and on 8 host CPU devices (bench/jax_peer.py) and
-# PyTorch 2.13 on 1 device (bench/torch_peer.py, every core; as installed and with OMP_NUM_THREADS
-# set as a user would tune it); the peers again within rounds (bench/torch_rounds.py, jax_rounds.py).
+# machines may set, now only matters for OpenBLAS's small products), then one train step of
+# DotReluDot and of the small LM on 1 device and on 8 virtual devices per parallelism, against the
+# GEMM-only lower bound (FLOPs / measured rate), against the 1-device step (also within alternating
+# rounds: bench_train_rounds), and against the peers on the same models, batches and meshes:
+# jax.jit on 1 and on 8 host CPU devices (bench/jax_peer.py) and PyTorch 2.13 on 1 device
+# (bench/torch_peer.py, every core; as installed and with OMP_NUM_THREADS set as a user would
+# tune it); the peers again within rounds (bench/torch_rounds.py, jax_rounds.py).
 # Usage: bench/train_bench.sh [BUILD_DIR]   (installs the peers into .venv: scripts/venv.sh bench)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

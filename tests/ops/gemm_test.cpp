@@ -68,11 +68,10 @@ TEST(Gemm, F32ProductsHaveTheSameBitsHoweverTheCoresSplitThemAndWhereverTheyLie)
     }
     // Split over the pool as a 1-device op splits it.
     std::vector<float> spread = c0;
-    ops::detail::compute_blocks_together(rt, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}),
-                                         true, [&](const std::vector<ops::detail::BlockTask>&) {
-                                           gemm(DType::kF32, p.trans_a, p.trans_b, p.m, p.n, p.k, bytes(a.data()),
-                                                bytes(b.data()), bytes(spread.data()), p.accumulate);
-                                         });
+    ops::detail::run_spread(rt, [&] {
+      gemm(DType::kF32, p.trans_a, p.trans_b, p.m, p.n, p.k, bytes(a.data()), bytes(b.data()), bytes(spread.data()),
+           p.accumulate);
+    });
     EXPECT_EQ(std::memcmp(spread.data(), whole.data(), whole.size() * sizeof(float)), 0);
     // By hand: rows in two uneven calls, then columns, where every piece runs oneDNN as the whole
     // does (OpenBLAS's small products run other kernels for other shapes: gemm splits none of them).

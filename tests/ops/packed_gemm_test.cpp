@@ -108,12 +108,11 @@ TEST(PackedGemm, RowsGetTheSameBitsHoweverTheyAreGroupedOrSplit) {
   // And split over the cores (inside an op's spread region), one block per row.
   Runtime rt = Runtime::host(1);
   std::vector<float> spread(whole.size());
-  ops::detail::compute_blocks_together(rt, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}),
-                                       true, [&](const std::vector<ops::detail::BlockTask>&) {
-                                         std::vector<RowBlock> rows;
-                                         for (int64_t i = 0; i < m; ++i) rows.push_back({1, a.data() + i * k, spread.data() + i * n});
-                                         packed_gemm(false, true, k, n, b.data(), rows);
-                                       });
+  ops::detail::run_spread(rt, [&] {
+    std::vector<RowBlock> rows;
+    for (int64_t i = 0; i < m; ++i) rows.push_back({1, a.data() + i * k, spread.data() + i * n});
+    packed_gemm(false, true, k, n, b.data(), rows);
+  });
   EXPECT_EQ(std::memcmp(whole.data(), spread.data(), whole.size() * sizeof(float)), 0);
 }
 
@@ -189,10 +188,7 @@ TEST(PackedGemmSum, HasTheBitsOfEachTermsProductSummedInOrder) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
         // Spread over the cores (inside an op's spread region): the same bits.
         std::vector<float> spread(want.size(), std::nanf(""));
-        ops::detail::compute_blocks_together(rt, Shape({1}), DType::kF32, NamedSharding(Mesh::parse("x=1"), PartitionSpec{}),
-                                             true, [&](const std::vector<ops::detail::BlockTask>&) {
-                                               packed_gemm_sum(m, n, terms, spread.data());
-                                             });
+        ops::detail::run_spread(rt, [&] { packed_gemm_sum(m, n, terms, spread.data()); });
         EXPECT_EQ(std::memcmp(spread.data(), want.data(), spread.size() * sizeof(float)), 0);
       }
     }

@@ -169,10 +169,14 @@ Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype
   std::vector<BlockTask> tasks;
   for (size_t s : blocks_to_write(builder, replicas_equal))
     tasks.push_back({builder.shard(s).device, builder.shard(s).box, builder.data(s)});
+  run_spread(rt, [&] { fn(tasks); });
+  return std::move(builder).finish();
+}
+
+void run_spread(const Runtime& rt, const std::function<void()>& fn) {
   set_blas_threads(1);
   SpreadScope spread(rt.pool());
-  fn(tasks);
-  return std::move(builder).finish();
+  fn();
 }
 
 void set_blas_threads(int threads) {
@@ -226,11 +230,14 @@ void sgemm_dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, con
                 "] (lda " + std::to_string(lda) + ", ldb " + std::to_string(ldb) + ", ldc " + std::to_string(ldc) + ")");
 }
 
-// One call on this thread; f32 through oneDNN when `dnnl` (chosen by the whole product's shape,
-// so that the pieces of a split product run as the whole would).
+// Whether an f32 or f64 product runs oneDNN (f32 only, by shape).
+bool runs_dnnl(DType dtype, int64_t m, int64_t n, int64_t k) { return dtype == DType::kF32 && sgemm_runs_dnnl(m, n, k); }
+
+// One call on this thread; through oneDNN when `dnnl` (runs_dnnl of the whole product, so that
+// the pieces of a split product run as the whole would).
 void gemm_ld(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
              int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate, bool dnnl) {
-  if (dtype == DType::kF32 && dnnl) {
+  if (dnnl) {
     return sgemm_dnnl(trans_a, trans_b, m, n, k, reinterpret_cast<const float*>(a), lda, reinterpret_cast<const float*>(b),
                       ldb, reinterpret_cast<float*>(c), ldc, accumulate);
   }
@@ -264,7 +271,7 @@ void gemm_strided(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
     for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc * static_cast<int64_t>(item), 0, static_cast<size_t>(n) * item);
     return;
   }
-  gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate, sgemm_runs_dnnl(m, n, k));
+  gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate, runs_dnnl(dtype, m, n, k));
 }
 
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
@@ -273,9 +280,9 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   const int64_t item = static_cast<int64_t>(item_size(dtype));
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   if (k == 0) return gemm_strided(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate);
-  const bool dnnl = sgemm_runs_dnnl(m, n, k);
+  const bool dnnl = runs_dnnl(dtype, m, n, k);
   WorkerPool* pool = g_spread_pool.load();
-  if (pool && m * n * k >= (int64_t{1} << 30) && !(dtype == DType::kF32 && dnnl)) {
+  if (pool && m * n * k >= (int64_t{1} << 30) && !dnnl) {
     set_blas_threads(pool->size());
     gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate, dnnl);
     set_blas_threads(1);

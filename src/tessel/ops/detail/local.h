@@ -53,6 +53,10 @@ struct BlockTask {
 // cores available to split_range.
 Array compute_blocks_together(const Runtime& rt, const Shape& shape, DType dtype, const NamedSharding& sharding,
                               bool replicas_equal, const std::function<void(const std::vector<BlockTask>&)>& fn);
+// fn() on this thread with the cores lent to split_range, as a 1-device op runs its block (what
+// compute_blocks_together does around its fn): how benchmarks and tests run one product the way
+// the ops would.
+void run_spread(const Runtime& rt, const std::function<void()>& fn);
 
 // OpenBLAS's thread count (process-wide). Ops keep it at 1 and split work over the pool.
 void set_blas_threads(int threads);
