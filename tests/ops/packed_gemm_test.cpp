@@ -12,6 +12,7 @@
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/packed_gemm.h"
 #include "tessel/ops/ops.h"
+#include "tessel/runtime/device.h"
 #include "tessel/runtime/runtime.h"
 
 namespace tessel {
@@ -27,6 +28,10 @@ std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+Tensor put_on(const Runtime& rt, const Mesh& mesh, const std::vector<float>& v, const Shape& shape, const PartitionSpec& spec) {
+  return Tensor(device_put(rt, HostArray::from<float>(shape, std::span<const float>(v)), NamedSharding(mesh, spec)));
 }
 
 // For each output of dot(x, w), dot_nt(x, wt) and dot_tn(x, dot(x, w)), in that order: the sum of
@@ -116,6 +121,92 @@ TEST(PackedGemm, RowsGetTheSameBitsHoweverTheyAreGroupedOrSplit) {
   EXPECT_EQ(std::memcmp(whole.data(), spread.data(), whole.size() * sizeof(float)), 0);
 }
 
+// B read in place from a grid of pieces (a weight's shards): the bits of B dense, whatever the cuts
+// (inside a 32-column panel, a 16 x 16 transposed block or a k block; pieces without rows).
+TEST(PackedGemm, BInPiecesGivesTheBitsOfBDense) {
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  std::mt19937 rng(8);
+  const int64_t m = 40, n = 150, k = 530;
+  const std::vector<float> a = random_floats(rng, m * k);
+  for (bool trans_b : {false, true}) {
+    const int64_t rows = trans_b ? n : k, cols = trans_b ? k : n;  // B as stored
+    const std::vector<float> b = random_floats(rng, rows * cols);
+    std::vector<float> dense(static_cast<size_t>(m * n));
+    packed_gemm(false, trans_b, k, n, b.data(), {{m, a.data(), dense.data()}});
+    for (auto [row_cuts, col_cuts] : {std::pair<std::vector<int64_t>, std::vector<int64_t>>{{0}, {0}},
+                                      {{0, 128, 256, 384}, {0}},
+                                      {{0}, {0, 37, 64, 100}},
+                                      {{0, 7, 7, 100, 263}, {0, 16, 17, 90, 149}}}) {
+      SCOPED_TRACE(testing::Message() << "trans_b " << trans_b << ", " << row_cuts.size() << " x " << col_cuts.size()
+                                      << " pieces");
+      ops::detail::Pieces pieces{row_cuts, col_cuts, {}};
+      pieces.row_at.push_back(rows);
+      pieces.col_at.push_back(cols);
+      // Each piece copied out on its own (its own width), with the rest of the matrix unreadable.
+      std::vector<std::vector<float>> stored;
+      for (size_t i = 0; i + 1 < pieces.row_at.size(); ++i) {
+        for (size_t j = 0; j + 1 < pieces.col_at.size(); ++j) {
+          std::vector<float> piece;
+          for (int64_t r = pieces.row_at[i]; r < pieces.row_at[i + 1]; ++r)
+            piece.insert(piece.end(), b.begin() + r * cols + pieces.col_at[j], b.begin() + r * cols + pieces.col_at[j + 1]);
+          stored.push_back(std::move(piece));
+        }
+      }
+      for (const auto& piece : stored) pieces.data.push_back(piece.data());
+      std::vector<float> out(dense.size(), std::nanf(""));
+      packed_gemm(false, trans_b, k, n, pieces, {{m, a.data(), out.data()}});
+      EXPECT_EQ(std::memcmp(dense.data(), out.data(), dense.size() * sizeof(float)), 0);
+    }
+  }
+  // Pieces that do not make the product's B are refused.
+  std::vector<float> out(static_cast<size_t>(m * n));
+  EXPECT_THROW(packed_gemm(false, false, k, n, ops::detail::Pieces::dense(k - 1, n, a.data()), {{m, a.data(), out.data()}}),
+               Error);
+}
+
+// dot and dot_nt of a weight sharded over the devices that share it (FSDP in one process), read in
+// place: the bits of the same weight gathered first, and the devices charged the bytes a gather
+// would have brought them.
+TEST(PackedGemm, ShardedWeightProductsHaveTheBitsOfTheGatheredWeight) {
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  std::mt19937 rng(9);
+  Runtime rt = Runtime::host(8);
+  const int64_t rows = 96, k = 260, n = 70;
+  const std::vector<float> x = random_floats(rng, rows * k), w = random_floats(rng, k * n), wt = random_floats(rng, n * k);
+  const Mesh mesh = Mesh::parse("data=2,fsdp=4");
+  auto put = [&](const std::vector<float>& v, Shape shape, const PartitionSpec& spec) { return put_on(rt, mesh, v, shape, spec); };
+  const Tensor tx = put(x, Shape({rows, k}), PartitionSpec{{"data", "fsdp"}, {}});
+  auto products = [&](const PartitionSpec& w_spec, const PartitionSpec& wt_spec) {
+    const Tensor tw = put(w, Shape({k, n}), w_spec), twt = put(wt, Shape({n, k}), wt_spec);
+    std::vector<float> out;
+    for (const Tensor& t : {ops::dot(tx, tw), ops::dot_nt(tx, twt)}) {
+      const HostArray h = to_host(t.array());
+      const auto v = h.values<float>();
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  auto received = [&] {
+    int64_t bytes = 0;
+    for (int64_t d = 0; d < 8; ++d) bytes += rt.device(d).memory_stats().bytes_received;
+    return bytes;
+  };
+  const std::vector<float> gathered = products({}, {});
+  const int64_t before = received();
+  rt.device(0).reset_peak();
+  const int64_t held = rt.device(0).memory_stats().in_use;
+  // Rows of w split 4 ways, columns of w^T likewise; the other way round too.
+  const std::vector<float> by_k = products({{"fsdp"}, {}}, {{}, {"fsdp"}});
+  // Each device lacks 3/4 of both weights: 3/4 of (k x n) floats twice, on 8 devices.
+  EXPECT_EQ(received() - before, 8 * 2 * (k * n - k * n / 4) * int64_t{sizeof(float)});
+  // Yet no device held a gathered weight beside its shards (the shards, the products' blocks and
+  // the batch's: 52 KiB here, a weight 71 KiB).
+  EXPECT_LT(rt.device(0).memory_stats().peak - held, k * n * int64_t{sizeof(float)});
+  const std::vector<float> by_n = products({{}, {"fsdp"}}, {{"fsdp"}, {}});
+  EXPECT_EQ(std::memcmp(gathered.data(), by_k.data(), gathered.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(gathered.data(), by_n.data(), gathered.size() * sizeof(float)), 0);
+}
+
 // dot and dot_nt of batch-split f32 rows with a replicated weight: the rows of any split get the
 // same bits (one process of 8 devices must match 2 processes of 4), close to one device's; the
 // weight gradient (dot_tn, a partial sum per device) close to one device's.
@@ -129,9 +220,7 @@ TEST(PackedGemm, ReplicatedWeightProductsAreBitIdenticalOnAnyDataSplit) {
   auto run = [&](const char* mesh_text) {
     const Mesh mesh = Mesh::parse(mesh_text);
     const PartitionSpec data{{"data"}, {}};
-    auto put = [&](const std::vector<float>& v, Shape shape, const PartitionSpec& spec) {
-      return Tensor(device_put(rt, HostArray::from<float>(shape, std::span<const float>(v)), NamedSharding(mesh, spec)));
-    };
+    auto put = [&](const std::vector<float>& v, Shape shape, const PartitionSpec& spec) { return put_on(rt, mesh, v, shape, spec); };
     const Tensor tx = put(x, Shape({rows, k}), mesh.device_count() > 1 ? data : PartitionSpec{});
     const Tensor tw = put(w, Shape({k, n}), PartitionSpec{}), twt = put(wt, Shape({n, k}), PartitionSpec{});
     std::vector<float> out;

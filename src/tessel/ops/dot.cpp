@@ -2,6 +2,7 @@
 // fewest bytes, and the per-device GEMMs (oneDNN or OpenBLAS through local.h, or packed_gemm for
 // many devices of few rows).
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,8 @@
 #include "tessel/ops/detail/packed_gemm.h"
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/ops.h"
+#include "tessel/runtime/device.h"
+#include "tessel/runtime/reshard.h"
 
 namespace tessel::ops {
 namespace {
@@ -82,24 +85,81 @@ bool shares_weight(const Tensor& a, const DotPlan& plan) {
   return a.mesh().device_count() / blocks_of(a.mesh(), all_axes(plan.b)) >= 2 && few_rows_per_device(a, plan.a);
 }
 
-// Every block's product, the devices that hold the same B block multiplied together.
-void multiply_shared(const Tensor& a, const Tensor& b, bool trans_b, const std::vector<BlockTask>& blocks) {
+// `box` of the 2-D x as pieces read in place from x's shards in this process (one per distinct
+// block, first holder), or nullopt unless shards tile it exactly. For B gathered over axes that
+// split it (an FSDP weight), the pieces are the shards the gather would have copied.
+std::optional<Pieces> pieces_of(const Tensor& x, const Box& box) {
+  if (box.empty()) return Pieces::dense(box.extent(0), box.extent(1), nullptr);
+  std::vector<const Shard*> inside;
+  for (const Shard* s : x.shards().addressable_shards()) {
+    if (s->box.empty() || !box.contains(s->box)) continue;
+    if (std::none_of(inside.begin(), inside.end(), [&](const Shard* t) { return t->box == s->box; })) inside.push_back(s);
+  }
+  Pieces p{{}, {}, {}};
+  for (const Shard* s : inside) {
+    p.row_at.push_back(s->box.start(0) - box.start(0));
+    p.col_at.push_back(s->box.start(1) - box.start(1));
+  }
+  for (auto* at : {&p.row_at, &p.col_at}) {
+    std::sort(at->begin(), at->end());
+    at->erase(std::unique(at->begin(), at->end()), at->end());
+  }
+  if (p.row_at.empty() || p.row_at[0] != 0 || p.col_at[0] != 0) return std::nullopt;
+  p.row_at.push_back(box.extent(0));
+  p.col_at.push_back(box.extent(1));
+  for (size_t i = 0; i + 1 < p.row_at.size(); ++i) {
+    for (size_t j = 0; j + 1 < p.col_at.size(); ++j) {
+      const Box cell({box.start(0) + p.row_at[i], box.start(1) + p.col_at[j]},
+                     {box.start(0) + p.row_at[i + 1], box.start(1) + p.col_at[j + 1]});
+      auto s = std::find_if(inside.begin(), inside.end(), [&](const Shard* t) { return t->box == cell; });
+      if (s == inside.end()) return std::nullopt;
+      p.data.push_back(reinterpret_cast<const float*>((*s)->buffer.data()));
+    }
+  }
+  return p;
+}
+
+// Every block's product, the devices that need the same block of B (`b_sharding`'s) multiplied
+// together, B read from `b`'s shards in place (see pieces_of).
+void multiply_shared(const Tensor& a, const Tensor& b, const NamedSharding& b_sharding, bool trans_b,
+                     const std::vector<BlockTask>& blocks) {
   struct Group {
-    int64_t device;  // one holder of the B block
+    Box box;  // the devices' block of B
     std::vector<RowBlock> rows;
   };
   std::vector<Group> groups;
   for (const BlockTask& t : blocks) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return block(b, g.device) == block(b, t.device); });
-    if (it == groups.end()) it = groups.insert(groups.end(), Group{t.device, {}});
+    const Box box = b_sharding.device_box(t.device, b.shape());
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.box == box; });
+    if (it == groups.end()) it = groups.insert(groups.end(), Group{box, {}});
     const int64_t n = t.box.extent(t.box.rank() - 1);
     it->rows.push_back({t.box.volume() / n, reinterpret_cast<const float*>(block(a, t.device)), reinterpret_cast<float*>(t.out)});
   }
   for (const Group& g : groups) {
-    const Box& bb = block_box(b, g.device);
-    const int64_t k = bb.extent(trans_b ? 1 : 0), n = bb.extent(trans_b ? 0 : 1);
-    packed_gemm(false, trans_b, k, n, reinterpret_cast<const float*>(block(b, g.device)), g.rows);
+    const int64_t k = g.box.extent(trans_b ? 1 : 0), n = g.box.extent(trans_b ? 0 : 1);
+    const std::optional<Pieces> pieces = pieces_of(b, g.box);
+    if (!pieces) throw Error("dot: this process does not hold the weight's block " + g.box.to_string());
+    packed_gemm(false, trans_b, k, n, *pieces, g.rows);
   }
+}
+
+// What a gather of b into `target` would have charged this process's devices as received.
+void count_gathered(const Tensor& b, const NamedSharding& target) {
+  const ReshardPlan plan(b.sharding(), target, b.shape(), b.dtype());
+  const Runtime& rt = b.array().runtime();
+  for (const DeviceTraffic& t : plan.devices()) {
+    if (t.bytes_received > 0 && rt.is_addressable(t.device)) rt.device(t.device).add_received(t.bytes_received);
+  }
+}
+
+// Whether this process holds shards of b that tile every block of `target` its devices need
+// (b's own blocks, or the pieces a gather into `target` would copy).
+bool holds_pieces(const Tensor& b, const NamedSharding& target) {
+  if (b.is_abstract()) return false;
+  for (const Shard* s : b.shards().addressable_shards()) {
+    if (!pieces_of(b, target.device_box(s->device, b.shape()))) return false;
+  }
+  return true;
 }
 
 // Every block of a dot_tn result summed over the devices of its group along `axes` (in group
@@ -136,14 +196,24 @@ Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
   const Tensor a0 = reduce_raw(a_in, nullptr), b0 = reduce_raw(b_in, nullptr);
   const DotPlan plan = plan_dot(a0, b0, trans_b);
   const Tensor a = reshard_raw(a0, with_dims(a0.mesh(), plan.a));
-  const Tensor b = reshard_raw(b0, with_dims(b0.mesh(), plan.b));
+  const NamedSharding b_sharding = with_dims(b0.mesh(), plan.b);
   std::vector<int64_t> out_dims(a.shape().dims().begin(), a.shape().dims().end() - 1);
-  out_dims.push_back(b.shape()[1 - kb]);
+  out_dims.push_back(b0.shape()[1 - kb]);
   const Shape shape(out_dims);
   if (shares_weight(a, plan)) {
+    // B is packed anyway: packed from the shards in place, a gather's copy of a sharded weight
+    // (FSDP on one host: 16 MiB per product of DotReluDot) is not needed. The devices are charged
+    // the bytes the gather would have brought them, as a replica sharing a local copy is.
+    Tensor b = b0;
+    if (holds_pieces(b0, b_sharding) && b0.sharding() != b_sharding) {
+      count_gathered(b0, b_sharding);
+    } else {
+      b = reshard_raw(b0, b_sharding);
+    }
     return output_together(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
-                           [&](const std::vector<BlockTask>& blocks) { multiply_shared(a, b, trans_b, blocks); });
+                           [&](const std::vector<BlockTask>& blocks) { multiply_shared(a, b, b_sharding, trans_b, blocks); });
   }
+  const Tensor b = reshard_raw(b0, b_sharding);
   return output(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
                 [&](int64_t device, const Box& box, std::byte* out) {
                   const Box& ab = block_box(a, device);

@@ -213,6 +213,8 @@ void split_rows(int64_t rows, int64_t row_items, const std::function<void(int64_
 
 bool sgemm_runs_dnnl(int64_t m, int64_t n, int64_t k) { return m * n * k >= kSgemmDnnlMinWork; }
 
+int64_t product_pieces(int64_t m, int64_t n) { return std::max(m, n) >= 2 * kProductPieceMin ? kProductPieces : 1; }
+
 namespace {
 
 // oneDNN's sgemm on this thread alone: tessel's pool splits products itself, and oneDNN would
@@ -288,18 +290,23 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
     set_blas_threads(1);
     return;
   }
-  // Split over the pool by rows of C (the longer side) or by its columns, in panels of at least 64.
-  if (m >= n) {
-    split_range(m, 64, [&](int64_t lo, int64_t hi) {
-      const std::byte* pa = a + (trans_a ? lo : lo * lda) * item;
-      gemm_ld(dtype, trans_a, trans_b, hi - lo, n, k, pa, lda, b, ldb, c + lo * n * item, n, accumulate, dnnl);
-    });
-  } else {
-    split_range(n, 64, [&](int64_t lo, int64_t hi) {
-      const std::byte* pb = b + (trans_b ? lo * ldb : lo) * item;
-      gemm_ld(dtype, trans_a, trans_b, m, hi - lo, k, a, lda, pb, ldb, c + lo * item, n, accumulate, dnnl);
-    });
-  }
+  // Cut into pieces by the shape alone (product_pieces), run over the pool when spread, one after
+  // the other otherwise: the same calls, so the same bits, wherever the product runs.
+  const int64_t pieces = product_pieces(m, n);
+  const bool by_rows = m >= n;
+  const int64_t side = by_rows ? m : n;
+  split_range(pieces, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t lo = side * p / pieces, hi = side * (p + 1) / pieces;
+      if (by_rows) {
+        const std::byte* pa = a + (trans_a ? lo : lo * lda) * item;
+        gemm_ld(dtype, trans_a, trans_b, hi - lo, n, k, pa, lda, b, ldb, c + lo * n * item, n, accumulate, dnnl);
+      } else {
+        const std::byte* pb = b + (trans_b ? lo * ldb : lo) * item;
+        gemm_ld(dtype, trans_a, trans_b, m, hi - lo, k, a, lda, pb, ldb, c + lo * item, n, accumulate, dnnl);
+      }
+    }
+  });
 }
 
 }  // namespace tessel::ops::detail

@@ -87,8 +87,19 @@ bool sgemm_runs_dnnl(int64_t m, int64_t n, int64_t k);
 void gemm_strided(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
                   int64_t lda, const std::byte* b, int64_t ldb, std::byte* c, int64_t ldc, bool accumulate);
 
+// How many pieces gemm cuts a product's C into along its longer side (rows when m >= n, else
+// columns): kProductPieces halves when that side has at least 2 x kProductPieceMin, else one.
+// Decided by the shape alone, never by the cores: oneDNN picks its kernel (copy-based or not) by
+// each call's shape, and with it the bits (a [1200, 1000] x [1000, 1000] product in one call and
+// in two halves of its rows differ), so a block's product is cut alike whether the pool spreads it
+// over the cores, one core runs it, or another process does. Two pieces: this project's machines
+// have two cores, and each piece packs the shared operand again.
+constexpr int64_t kProductPieces = 2;
+constexpr int64_t kProductPieceMin = 64;
+int64_t product_pieces(int64_t m, int64_t n);
+
 // Row-major C[m,n] = op(A) op(B) (+ C when accumulate), f32 or f64; op transposes when asked.
-// Split by rows or columns of C over the cores when spread() > 1.
+// Cut into product_pieces(m, n) calls, spread over the cores when spread() > 1.
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const std::byte* a,
           const std::byte* b, std::byte* c, bool accumulate);
 

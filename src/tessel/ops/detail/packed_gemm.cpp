@@ -68,39 +68,71 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
 // B's k block kb, panels [j0, j1), packed as [panel][p][kNr] with panel j - j0 at out + (j - j0)
 // * stride, the columns past n zero. A stored B^T is packed in 16 x 16 blocks transposed in
 // registers (and pack_a's rows of A likewise): packed element by element at the baseline's SSE
-// width, the two packings had 9.5% of the samples of DotReluDot's fsdp=8 step, now 7%.
-__attribute__((target("avx512f"))) void pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t kb,
+// width, the two packings had 9.5% of the samples of DotReluDot's fsdp=8 step, now 7%. B is read
+// in place from its pieces: a 16 x 16 block or a panel's row that crosses pieces is copied in
+// stretches (element by element for the transposed blocks; shards of 16 and more rows never do).
+__attribute__((target("avx512f"))) void pack_b(bool trans_b, int64_t k, int64_t n, const Pieces& b, int64_t kb,
                                                float* out, int64_t stride, int64_t j0, int64_t j1) {
-  const int64_t ldb = trans_b ? k : n, p0 = kb * kKc, kc = std::min(kKc, k - p0);
+  const int64_t p0 = kb * kKc, kc = std::min(kKc, k - p0);
+  // Element (r, c) of the stored matrix, found from scratch: for the stretches blocks leave.
+  auto element = [&](int64_t r, int64_t c) { return *b.at(b.row_piece(r), b.col_piece(c), r, c); };
   for (int64_t j = j0; j < j1; ++j) {
     float* dst = out + (j - j0) * stride;
     const int64_t c0 = j * kNr, cols = std::min<int64_t>(kNr, n - c0);
     if (cols < kNr) std::memset(dst, 0, sizeof(float) * kc * kNr);
     if (!trans_b) {
-      if (cols == kNr) {
-        for (int64_t p = 0; p < kc; ++p) {
-          const float* src = b + (p0 + p) * ldb + c0;
-          _mm512_storeu_ps(dst + p * kNr, _mm512_loadu_ps(src));
-          _mm512_storeu_ps(dst + p * kNr + 16, _mm512_loadu_ps(src + 16));
+      // The panel's columns as stretches of pieces (one, unless a piece ends inside the panel).
+      struct Stretch {
+        size_t piece;
+        int64_t c, count;
+      };
+      Stretch stretches[kNr];
+      int count = 0;
+      for (int64_t c = 0; c < cols;) {
+        const size_t jp = b.col_piece(c0 + c);
+        const int64_t run = std::min(cols - c, b.col_at[jp + 1] - (c0 + c));
+        stretches[count++] = {jp, c, run};
+        c += run;
+      }
+      size_t i = b.row_piece(p0);
+      for (int64_t p = 0; p < kc; ++p) {
+        const int64_t r = p0 + p;
+        while (r >= b.row_at[i + 1]) ++i;
+        float* d = dst + p * kNr;
+        if (count == 1 && cols == kNr) {
+          const float* src = b.at(i, stretches[0].piece, r, c0);
+          _mm512_storeu_ps(d, _mm512_loadu_ps(src));
+          _mm512_storeu_ps(d + 16, _mm512_loadu_ps(src + 16));
+          continue;
         }
-      } else {
-        for (int64_t p = 0; p < kc; ++p) std::memcpy(dst + p * kNr, b + (p0 + p) * ldb + c0, sizeof(float) * cols);
+        for (int s = 0; s < count; ++s) {
+          const Stretch& st = stretches[s];
+          std::memcpy(d + st.c, b.at(i, st.piece, r, c0 + st.c), sizeof(float) * st.count);
+        }
       }
       continue;
     }
-    // Whole 16 x 16 blocks in registers, then what they leave (past k's last 16, past n's) one by one.
-    const int64_t block_cols = cols / 16 * 16, block_k = kc / 16 * 16;
-    for (int64_t c = 0; c < block_cols; c += 16) {
-      for (int64_t p = 0; p < block_k; p += 16) {
-        __m512 r[16];
-        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(b + (c0 + c + i) * ldb + p0 + p);
-        transpose16(r);
-        for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p + i) * kNr + c, r[i]);
+    // Stored rows c0 + c (columns of B), their pieces looked up once per panel.
+    size_t row_piece[kNr];
+    for (int64_t c = 0; c < cols; ++c) row_piece[c] = b.row_piece(c0 + c);
+    // Whole 16 x 16 blocks in registers where their 16 k lie in one piece, then what they leave
+    // (past n's last 16, past k's, across pieces) one by one.
+    const int64_t block_cols = cols / 16 * 16;
+    for (int64_t p = 0; p < kc; p += 16) {
+      const size_t jp = b.col_piece(p0 + p);
+      const int64_t depth = std::min<int64_t>(16, kc - p);
+      const bool whole = depth == 16 && p0 + p + 16 <= b.col_at[jp + 1];
+      for (int64_t c = 0; c < cols; c += 16) {
+        if (whole && c < block_cols) {
+          __m512 r[16];
+          for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(b.at(row_piece[c + i], jp, c0 + c + i, p0 + p));
+          transpose16(r);
+          for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p + i) * kNr + c, r[i]);
+          continue;
+        }
+        for (int64_t cc = c; cc < std::min<int64_t>(cols, c + 16); ++cc)
+          for (int64_t q = p; q < p + depth; ++q) dst[q * kNr + cc] = element(c0 + cc, p0 + q);
       }
-    }
-    for (int64_t c = 0; c < cols; ++c) {
-      const float* src = b + (c0 + c) * ldb + p0;
-      for (int64_t p = c < block_cols ? block_k : 0; p < kc; ++p) dst[p * kNr + c] = src[p];
     }
   }
 }
@@ -215,7 +247,24 @@ bool packed_gemm_supported() {
   return yes;
 }
 
+Pieces Pieces::dense(int64_t rows, int64_t cols, const float* data) { return Pieces{{0, rows}, {0, cols}, {data}}; }
+
+size_t Pieces::row_piece(int64_t r) const {
+  return static_cast<size_t>(std::upper_bound(row_at.begin() + 1, row_at.end() - 1, r) - row_at.begin() - 1);
+}
+
+size_t Pieces::col_piece(int64_t c) const {
+  return static_cast<size_t>(std::upper_bound(col_at.begin() + 1, col_at.end() - 1, c) - col_at.begin() - 1);
+}
+
 void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const float* b, const std::vector<RowBlock>& blocks) {
+  packed_gemm(trans_a, trans_b, k, n, Pieces::dense(trans_b ? n : k, trans_b ? k : n, b), blocks);
+}
+
+void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const Pieces& b, const std::vector<RowBlock>& blocks) {
+  if (b.rows() != (trans_b ? n : k) || b.cols() != (trans_b ? k : n))
+    throw Error("packed_gemm: B's pieces make a " + std::to_string(b.rows()) + " x " + std::to_string(b.cols()) +
+                " matrix, not the product's");
   if (n == 0) return;
   if (k == 0) {
     for (const RowBlock& r : blocks) std::fill(r.c, r.c + r.m * n, 0.0f);
@@ -282,12 +331,14 @@ void packed_gemm_sum(int64_t m, int64_t n, const std::vector<SumTerm>& terms, fl
     packed_b_buffer.resize(static_cast<size_t>(kPanelsPerGroup * b_floats) + kLine);
     float* const packed_b = aligned(packed_b_buffer.data());
     std::vector<float*> b_at(terms.size());  // each term's panels: [term][panel][p][kNr]
+    std::vector<Pieces> term_b;
+    for (const SumTerm& t : terms) term_b.push_back(Pieces::dense(t.k, n, t.b));
     for (int64_t jg = j0; jg < j1; jg += kPanelsPerGroup) {
       const int64_t jn = std::min(j1, jg + kPanelsPerGroup);
       float* next = packed_b;
       for (size_t t = 0; t < terms.size(); ++t) {
         b_at[t] = next;
-        pack_b(false, terms[t].k, n, terms[t].b, 0, next, terms[t].k * kNr, jg, jn);
+        pack_b(false, terms[t].k, n, term_b[t], 0, next, terms[t].k * kNr, jg, jn);
         next += (jn - jg) * terms[t].k * kNr;
       }
       for (int64_t tile = 0; tile < tiles; ++tile) {

@@ -11,6 +11,7 @@
 // devices or 4 or 1.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +25,27 @@ struct RowBlock {
   float* c;
 };
 
+// A row-major matrix stored as a grid of dense pieces: the shards of a weight split along either
+// dimension, read in place by packed_gemm where a gathered copy would cost a pass over the weight
+// (a weight sharded for FSDP on one host). Piece (i, j) holds rows [row_at[i], row_at[i + 1]) and
+// columns [col_at[j], col_at[j + 1]), row-major with its own width, at data[i * pieces across + j].
+struct Pieces {
+  std::vector<int64_t> row_at{0}, col_at{0};  // each ends with the matrix's extent
+  std::vector<const float*> data;
+
+  // The whole matrix in one piece.
+  static Pieces dense(int64_t rows, int64_t cols, const float* data);
+  int64_t rows() const { return row_at.back(); }
+  int64_t cols() const { return col_at.back(); }
+  // The piece holding row r (column c): the last i with row_at[i] <= r.
+  size_t row_piece(int64_t r) const;
+  size_t col_piece(int64_t c) const;
+  // Element (r, c), with the rest of its row within the piece at the pointer.
+  const float* at(size_t i, size_t j, int64_t r, int64_t c) const {
+    return data[i * (col_at.size() - 1) + j] + (r - row_at[i]) * (col_at[j + 1] - col_at[j]) + (c - col_at[j]);
+  }
+};
+
 // Whether this machine runs packed_gemm (it needs AVX-512F).
 bool packed_gemm_supported();
 
@@ -33,6 +55,8 @@ bool packed_gemm_supported();
 // products of a short contraction into a large C (weight gradients of few rows per device):
 // C is written once (OpenBLAS, which ran them before, first cleared it for beta = 0).
 void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const float* b, const std::vector<RowBlock>& blocks);
+// The same with B in pieces (stored [k, n], or [n, k] when trans_b): the same bits as B dense.
+void packed_gemm(bool trans_a, bool trans_b, int64_t k, int64_t n, const Pieces& b, const std::vector<RowBlock>& blocks);
 
 // One term of a sum of products: A^T stored as [k, m] and B [k, n], row-major and dense (one
 // device's rows of a weight gradient).
