@@ -55,5 +55,26 @@ TEST(MpiOps, WeightGradientsOfDeviceRowsMatchOneProcess) {
   }
 }
 
+// A product whose one block per rank the rank spreads over its cores (data=2 with the weight
+// replicated over tensor=4: each rank's devices share one block of the output), while one process
+// of 8 devices runs each of its two blocks on one core: the same bits. oneDNN picks its kernel by
+// each call's shape, so with [1200, 1000] x [1000, 1000] per block the two ways must cut it alike.
+TEST(MpiOps, ProductsARankSpreadsOverItsCoresMatchOneProcess) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> dist;
+  const Mesh mesh = Mesh::parse("data=2,tensor=4");
+  const int64_t rows = 2400, k = 1000, n = 1000;
+  std::vector<float> x(rows * k), w(k * n);
+  for (auto& v : x) v = dist(rng);
+  for (auto& v : w) v = dist(rng);
+  auto put = [&](Runtime& rt, const std::vector<float>& v, Shape shape, const PartitionSpec& spec) {
+    return Tensor(device_put(rt, HostArray::from<float>(shape, std::span<const float>(v)), NamedSharding(mesh, spec)));
+  };
+  const PartitionSpec by_rows{{"data"}, {}};
+  const Tensor got = ops::dot(put(mpi(), x, Shape({rows, k}), by_rows), put(mpi(), w, Shape({k, n}), {}));
+  const Tensor want = ops::dot(put(reference(), x, Shape({rows, k}), by_rows), put(reference(), w, Shape({k, n}), {}));
+  expect_same_blocks(got, want);
+}
+
 }  // namespace
 }  // namespace tessel
