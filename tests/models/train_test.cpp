@@ -2,6 +2,7 @@
 // step, and the optimizers against host references.
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -343,6 +344,59 @@ TEST(Optimizer, GlobalNormHasTheSameBitsOnAnyNumberOfCores) {
       EXPECT_NEAR(norm, exact, 1e-12 * exact) << spec << " threads " << threads;
       if (!first) first = norm;
       EXPECT_EQ(norm, *first) << spec << " threads " << threads;
+    }
+  }
+}
+
+// Without clipping the norm is summed in the update's own pass: the bits of global_norm, and the
+// same updates as with a clip that never binds (the norm taken first), on any mesh and core count.
+TEST(Optimizer, AnUnclippedUpdateReportsTheGlobalNormsBits) {
+  const int64_t rows = 613, cols = 509;  // several norm chunks and a partial one
+  std::vector<float> p0(static_cast<size_t>(rows * cols)), g0(p0.size()), b0(1000), gb0(1000);
+  for (size_t i = 0; i < p0.size(); ++i) {
+    p0[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    g0[i] = static_cast<float>(std::sin(0.71 * static_cast<double>(i)) * (1 + static_cast<double>(i % 13)));
+  }
+  for (size_t i = 0; i < b0.size(); ++i) {
+    b0[i] = static_cast<float>(0.25 + static_cast<double>(i) * 1e-3);
+    gb0[i] = static_cast<float>(std::cos(static_cast<double>(i)));
+  }
+  for (const char* spec : {"data=1", "fsdp=4,tensor=2", "data=8"}) {
+    const Mesh mesh = Mesh::parse(spec);
+    const NamedSharding a_sharding =
+        mesh.has_axis("fsdp") ? NamedSharding(mesh, {{"fsdp"}, {"tensor"}}) : NamedSharding(mesh, {});
+    for (int threads : {1, 2, 5}) {
+      Runtime rt = Runtime::host(RuntimeOptions{.devices = mesh.device_count(), .threads = threads});
+      auto put = [&](const std::vector<float>& v, const Shape& shape, const NamedSharding& s) {
+        return device_put(rt, HostArray::from<float>(shape, std::span<const float>(v)), s);
+      };
+      const std::map<std::string, Array> grads = {{"a", put(g0, Shape{rows, cols}, a_sharding)},
+                                                   {"b", put(gb0, Shape{1000}, NamedSharding(mesh, {}))}};
+      for (const nn::OptimizerKind kind : {nn::OptimizerKind::kAdamW, nn::OptimizerKind::kSgd}) {
+        for (double momentum : {0.0, 0.9}) {
+          if (kind == nn::OptimizerKind::kAdamW && momentum == 0.0) continue;
+          SCOPED_TRACE(::testing::Message() << spec << ", " << threads << " threads, kind " << static_cast<int>(kind)
+                                          << ", momentum " << momentum);
+          std::vector<std::vector<float>> results;
+          for (double clip_norm : {0.0, 1e300}) {
+            const nn::OptimizerConfig c{.kind = kind, .schedule = {.peak = 0.01}, .momentum = momentum, .clip_norm = clip_norm};
+            State params;
+            params.insert("a", Variable(kParam, put(p0, Shape{rows, cols}, a_sharding)));
+            params.insert("b", Variable(kParam, put(b0, Shape{1000}, NamedSharding(mesh, {}))));
+            State opt = nn::init_optimizer(c, params);
+            const nn::UpdateStats stats = nn::apply_updates(c, 0, params, opt, grads);
+            EXPECT_EQ(stats.grad_norm, nn::global_norm(grads)) << "clip_norm " << clip_norm;
+            std::vector<float> all;
+            for (const char* path : {"a", "b"}) {
+              const HostArray h = to_host(params.at(path).array());
+              const auto v = h.values<float>();
+              all.insert(all.end(), v.begin(), v.end());
+            }
+            results.push_back(std::move(all));
+          }
+          EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)), 0);
+        }
+      }
     }
   }
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <optional>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -108,66 +109,146 @@ State init_optimizer(const OptimizerConfig& config, const State& params) {
   return out;
 }
 
-double global_norm(const std::map<std::string, Array>& arrays) {
-  if (arrays.empty()) return 0;
-  // One partial sum per shard (replica 0 only), added in shard order: the same bits whichever
-  // process computed which partial. A shard's partial is its chunks' sums of squares (fixed
-  // chunks, not one per core) added in order, so that a large shard spreads over the cores (one
-  // device's gradients) with bits that do not depend on how many there are.
-  constexpr int64_t kChunk = int64_t{1} << 16;
-  std::vector<double> partial;
-  for (const auto& entry : arrays) {
-    const std::string& path = entry.first;  // named, not bound: lambdas below capture it
-    const Array& a = entry.second;
-    const std::span<const Shard> shards = a.shards();
-    struct Chunk {
-      size_t shard;
-      int64_t lo, hi;
-    };
-    std::vector<Chunk> chunks;
-    for (size_t i = 0; i < shards.size(); ++i) {
-      if (shards[i].replica_id != 0 || !shards[i].is_addressable()) continue;
-      const int64_t n = shards[i].box.volume();
-      for (int64_t lo = 0; lo < n; lo += kChunk) chunks.push_back({i, lo, std::min(n, lo + kChunk)});
+namespace {
+
+// The global norm's chunks: a block's sum of squares is its chunks' sums (fixed chunks, not one
+// per core) added in order, so that a large block spreads over the cores (one device's gradients)
+// with bits that do not depend on how many there are.
+constexpr int64_t kNormChunk = int64_t{1} << 16;
+
+int64_t chunks_of(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
+
+// The sum of squares of n elements of a block, as one chunk of the norm.
+double chunk_squares(DType dtype, const std::string& path, const std::byte* data, int64_t n) {
+  double out = 0;
+  dispatch(dtype, path, [&](auto zero) {
+    using T = decltype(zero);
+    const T* x = reinterpret_cast<const T*>(data);
+    if constexpr (std::is_same_v<T, float>) {
+      out = ops::detail::sum_squares_f32(x, n);
+    } else {
+      double sum = 0;
+      for (int64_t k = 0; k < n; ++k) sum += x[k] * x[k];
+      out = sum;
     }
-    std::vector<double> sums(chunks.size(), 0.0);
-    a.runtime().pool().parallel_for(static_cast<int64_t>(chunks.size()), [&](int64_t c) {
-      const Chunk& ch = chunks[static_cast<size_t>(c)];
-      double& out = sums[static_cast<size_t>(c)];
-      dispatch(a.dtype(), path, [&](auto zero) {
-        using T = decltype(zero);
-        const T* x = reinterpret_cast<const T*>(shards[ch.shard].buffer.data()) + ch.lo;
-        if constexpr (std::is_same_v<T, float>) {
-          out = ops::detail::sum_squares_f32(x, ch.hi - ch.lo);
-        } else {
-          double sum = 0;
-          for (int64_t k = 0; k < ch.hi - ch.lo; ++k) sum += x[k] * x[k];
-          out = sum;
-        }
-      });
-    });
-    const size_t at = partial.size();
-    partial.resize(at + shards.size(), 0.0);
-    for (size_t c = 0; c < chunks.size(); ++c) partial[at + chunks[c].shard] += sums[c];
-  }
-  // Across processes each partial is non-zero on the one process that holds its replica 0.
-  ProcessGroup& group = arrays.begin()->second.runtime().processes();
-  if (group.count() > 1) {
-    const std::string mine(reinterpret_cast<const char*>(partial.data()), partial.size() * sizeof(double));
-    std::vector<double> sum(partial.size(), 0.0);
-    for (const std::string& theirs : group.all_gather(mine, "the global gradient norm")) {
-      if (theirs.size() != mine.size()) throw Error("the global gradient norm: the processes hold different gradients");
-      for (size_t i = 0; i < sum.size(); ++i) {
-        double v = 0;
-        std::memcpy(&v, theirs.data() + i * sizeof(double), sizeof(double));
-        sum[i] += v;
+  });
+  return out;
+}
+
+// One sum of squares per chunk of every block the global norm counts in this process (replica 0's,
+// each distinct block once), added up as its definition says: a block's chunks in order, then the
+// blocks in mesh order, arrays in path order, each block's sum taken from the one process that
+// holds its replica 0. Filled by global_norm, or by an optimizer's update pass on the side.
+class SquareSums {
+ public:
+  explicit SquareSums(const std::map<std::string, Array>& arrays) {
+    for (const auto& [path, a] : arrays) {
+      std::vector<std::pair<const Box*, size_t>> counted;  // replica 0's blocks here: box, first sum
+      for (const Shard& s : a.shards()) {
+        const bool here = s.replica_id == 0 && s.is_addressable();
+        if (here) counted.push_back({&s.box, sums_.size()});
+        blocks_.push_back({sums_.size(), here ? static_cast<size_t>(chunks_of(s.box.volume())) : 0});
+        sums_.resize(sums_.size() + blocks_.back().chunks, 0.0);
+      }
+      // Any local replica of a counted block finds its sums (whichever replica an update writes).
+      std::map<int64_t, size_t>& first = first_[path];
+      for (const Shard& s : a.shards()) {
+        for (const auto& [box, at] : counted)
+          if (s.is_addressable() && *box == s.box) first[s.device] = at;
       }
     }
-    partial = std::move(sum);
+    if (!arrays.empty()) group_ = &arrays.begin()->second.runtime().processes();
   }
-  double total = 0;
-  for (double p : partial) total += p;
-  return std::sqrt(total);
+
+  // Where chunk `chunk` of the block of `path` on `device` goes, nullptr where the block is
+  // counted on another process.
+  double* at(const std::string& path, int64_t device, int64_t chunk) {
+    const std::map<int64_t, size_t>& first = first_.at(path);
+    const auto it = first.find(device);
+    return it == first.end() ? nullptr : &sums_[it->second + static_cast<size_t>(chunk)];
+  }
+
+  double norm() const {
+    std::vector<double> partial;  // one per block
+    for (const Block& b : blocks_) {
+      double sum = 0;
+      for (size_t c = 0; c < b.chunks; ++c) sum += sums_[b.at + c];
+      partial.push_back(sum);
+    }
+    // Across processes each partial is non-zero on the one process that holds its replica 0.
+    if (group_ && group_->count() > 1) {
+      const std::string mine(reinterpret_cast<const char*>(partial.data()), partial.size() * sizeof(double));
+      std::vector<double> sum(partial.size(), 0.0);
+      for (const std::string& theirs : group_->all_gather(mine, "the global gradient norm")) {
+        if (theirs.size() != mine.size()) throw Error("the global gradient norm: the processes hold different gradients");
+        for (size_t i = 0; i < sum.size(); ++i) {
+          double v = 0;
+          std::memcpy(&v, theirs.data() + i * sizeof(double), sizeof(double));
+          sum[i] += v;
+        }
+      }
+      partial = std::move(sum);
+    }
+    double total = 0;
+    for (double p : partial) total += p;
+    return std::sqrt(total);
+  }
+
+ private:
+  struct Block {
+    size_t at, chunks;  // its chunks' sums in sums_ (none when not counted here)
+  };
+  std::map<std::string, std::map<int64_t, size_t>> first_;  // path -> device -> its block's first chunk sum
+  std::vector<Block> blocks_;                           // every array's shards, in order
+  std::vector<double> sums_;
+  ProcessGroup* group_ = nullptr;
+};
+
+// `count` new arrays on x's layout, as map_blocks writes them, in pieces of whole norm chunks (the
+// last one short): fn(device, chunk, at, n, outs) for each chunk, elements [at, at + n).
+template <class Fn>
+std::vector<Array> map_chunks(const Array& x, size_t count, Fn fn) {
+  const auto item = static_cast<int64_t>(item_size(x.dtype()));
+  return ops::detail::compute_blocks_once(
+      x.runtime(), x.shape(), x.dtype(), x.sharding(), count,
+      [&](int64_t device, const Box& box, const std::vector<std::byte*>& outs) {
+        const int64_t n = box.volume();
+        ops::detail::split_range(chunks_of(n), 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t c = lo; c < hi; ++c) {
+            const int64_t at = c * kNormChunk;
+            std::vector<std::byte*> o;
+            for (std::byte* out : outs) o.push_back(out + at * item);
+            fn(device, c, at, std::min(kNormChunk, n - at), o);
+          }
+        });
+      });
+}
+
+}  // namespace
+
+double global_norm(const std::map<std::string, Array>& arrays) {
+  if (arrays.empty()) return 0;
+  SquareSums sums(arrays);
+  struct Chunk {
+    const std::string* path;
+    const Array* array;
+    int64_t device, chunk;
+  };
+  std::vector<Chunk> chunks;
+  for (const auto& [path, a] : arrays) {
+    for (const Shard& s : a.shards()) {
+      if (s.replica_id != 0 || !s.is_addressable()) continue;
+      for (int64_t c = 0; c < chunks_of(s.box.volume()); ++c) chunks.push_back({&path, &a, s.device, c});
+    }
+  }
+  arrays.begin()->second.runtime().pool().parallel_for(static_cast<int64_t>(chunks.size()), [&](int64_t i) {
+    const Chunk& ch = chunks[static_cast<size_t>(i)];
+    const Shard& s = ch.array->shard(ch.device);
+    const int64_t at = ch.chunk * kNormChunk, n = std::min(kNormChunk, s.box.volume() - at);
+    *sums.at(*ch.path, ch.device, ch.chunk) =
+        chunk_squares(ch.array->dtype(), *ch.path, s.buffer.data() + at * static_cast<int64_t>(item_size(ch.array->dtype())), n);
+  });
+  return sums.norm();
 }
 
 UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params, State& opt_state,
@@ -178,8 +259,17 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
   for (const auto& [path, v] : params) {
     if (!grads.contains(path)) throw ValueError("optimizer: no gradient for '" + path + "'");
   }
-  stats.grad_norm = global_norm(grads);
-  const double clip = c.clip_norm > 0 && stats.grad_norm > c.clip_norm ? c.clip_norm / stats.grad_norm : 1.0;
+  // Without clipping the norm is only reported: its chunks' sums are taken in the update's own pass,
+  // each chunk of a gradient while it is in cache, which saves a pass over the gradients (2% of
+  // DotReluDot's step). The same chunks, the same bits as global_norm.
+  const bool clips = c.clip_norm > 0;
+  std::optional<SquareSums> sums;
+  if (clips || grads.size() != params.size()) {
+    stats.grad_norm = global_norm(grads);
+  } else {
+    sums.emplace(grads);
+  }
+  const double clip = clips && stats.grad_norm > c.clip_norm ? c.clip_norm / stats.grad_norm : 1.0;
   const double lr = stats.lr;
   const double t = static_cast<double>(step + 1);
   const double bc1 = 1 - std::pow(c.b1, t), bc2 = 1 - std::pow(c.b2, t);
@@ -190,6 +280,16 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
     const Array& p = v.array(path);
     const Array& g = grads.at(path);
     check_same_layout(p, g, "the gradient of '" + path + "'");
+    // The update's new arrays: fn(device, at, n, outs) over pieces of each block, the gradient's
+    // chunks' sums of squares taken on the way when the norm is (see above).
+    auto new_arrays = [&](size_t count, const auto& fn) {
+      if (!sums) return map_blocks(p, count, fn);
+      const int64_t item = static_cast<int64_t>(item_size(g.dtype()));
+      return map_chunks(p, count, [&](int64_t d, int64_t chunk, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
+        if (double* sum = sums->at(path, d, chunk)) *sum = chunk_squares(g.dtype(), path, block(g, d) + at * item, n);
+        fn(d, at, n, o);
+      });
+    };
     dispatch(p.dtype(), path, [&](auto zero) {
       using T = decltype(zero);
       auto in = [](const Array& a, int64_t device, int64_t at) { return reinterpret_cast<const T*>(block(a, device)) + at; };
@@ -199,7 +299,7 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
         check_same_layout(p, mu, mu_path(path));
         check_same_layout(p, nu, nu_path(path));
         // One pass: each element's moments and parameter from one read of its four inputs.
-        std::vector<Array> next = map_blocks(p, 3, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
+        std::vector<Array> next = new_arrays(3, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
           const T *x = in(p, d, at), *gr = in(g, d, at), *m = in(mu, d, at), *s = in(nu, d, at);
           T *out = reinterpret_cast<T*>(o[0]), *m_out = reinterpret_cast<T*>(o[1]), *s_out = reinterpret_cast<T*>(o[2]);
           if constexpr (std::is_same_v<T, float>) {
@@ -221,7 +321,7 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
       } else if (momentum) {
         const Array& mu = opt_state.at(mu_path(path)).array(mu_path(path));
         check_same_layout(p, mu, mu_path(path));
-        std::vector<Array> next = map_blocks(p, 2, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
+        std::vector<Array> next = new_arrays(2, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
           const T *x = in(p, d, at), *gr = in(g, d, at), *m = in(mu, d, at);
           T *out = reinterpret_cast<T*>(o[0]), *m_out = reinterpret_cast<T*>(o[1]);
           if constexpr (std::is_same_v<T, float>) return detail::sgd_momentum_f32(clip, c.momentum, lr, x, gr, m, out, m_out, n);
@@ -234,16 +334,17 @@ UpdateStats apply_updates(const OptimizerConfig& c, int64_t step, State& params,
         opt_state.replace(mu_path(path), with_value(opt_state.at(mu_path(path)), kOptState, std::move(mu2)));
         params.replace(path, with_value(v, v.kind(), std::move(p2)));
       } else {
-        Array p2 = map_blocks(p, [&](int64_t d, int64_t at, int64_t n, std::byte* o) {
+        Array p2 = std::move(new_arrays(1, [&](int64_t d, int64_t at, int64_t n, const std::vector<std::byte*>& o) {
           const T *x = in(p, d, at), *gr = in(g, d, at);
-          T* out = reinterpret_cast<T*>(o);
+          T* out = reinterpret_cast<T*>(o[0]);
           if constexpr (std::is_same_v<T, float>) return detail::sgd_f32(lr * clip, x, gr, out, n);
           for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(x[i] - lr * clip * gr[i]);
-        });
+        })[0]);
         params.replace(path, with_value(v, v.kind(), std::move(p2)));
       }
     });
   }
+  if (sums) stats.grad_norm = sums->norm();
   return stats;
 }
 
