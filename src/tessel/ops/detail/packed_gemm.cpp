@@ -161,44 +161,50 @@ __attribute__((target("avx512f"))) void pack_a(bool trans_a, const float* a, int
   }
 }
 
-// C tile (R rows, `cols` <= kNr columns) = or += the k block's product. Each element is one
-// fused multiply-add chain over p from zero, then stored or added to C: independent of R.
+// C tile (R rows, `cols` <= kNr columns) = or += the sum of `terms` products in order, term t
+// being as[t] [ks[t]][kMr] times bs[t] [ks[t]][kNr]: each a fused multiply-add chain over p from
+// zero, then stored (the first, unless `add`) or added to C. Independent of R. One call for all
+// the terms of a sum (packed_gemm_sum's devices): a call per term cost 10% of those products.
 template <int R>
-__attribute__((target("avx512f"))) void kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                                               int cols, bool add) {
-  __m512 lo[R], hi[R];
-  for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+__attribute__((target("avx512f"))) void kernel(int terms, const int64_t* ks, const float* const* as,
+                                               const float* const* bs, float* c, int64_t ldc, int cols, bool add) {
+  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xffff : (cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1));
   // The tile's rows of C are far apart: start fetching them while the products run.
   for (int i = 0; i < R; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
   }
-  for (int64_t p = 0; p < kc; ++p) {
-    _mm_prefetch(reinterpret_cast<const char*>(b + (p + kPrefetch) * kNr), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + (p + kPrefetch) * kNr + 16), _MM_HINT_T0);
-    const __m512 b0 = _mm512_loadu_ps(b + p * kNr), b1 = _mm512_loadu_ps(b + p * kNr + 16);
+  for (int t = 0; t < terms; ++t) {
+    __m512 lo[R], hi[R];
+    for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+    const float* a = as[t];
+    const float* b = bs[t];
+    for (int64_t p = 0; p < ks[t]; ++p) {
+      _mm_prefetch(reinterpret_cast<const char*>(b + (p + kPrefetch) * kNr), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b + (p + kPrefetch) * kNr + 16), _MM_HINT_T0);
+      const __m512 b0 = _mm512_loadu_ps(b + p * kNr), b1 = _mm512_loadu_ps(b + p * kNr + 16);
 #pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        const __m512 ai = _mm512_set1_ps(a[p * kMr + i]);
+        lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
+        hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
+      }
+    }
     for (int i = 0; i < R; ++i) {
-      const __m512 ai = _mm512_set1_ps(a[p * kMr + i]);
-      lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
-      hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
+      float* row = c + i * ldc;
+      __m512 v0 = lo[i], v1 = hi[i];
+      if (add || t > 0) {
+        v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), v0);
+        v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), v1);
+      }
+      _mm512_mask_storeu_ps(row, m0, v0);
+      _mm512_mask_storeu_ps(row + 16, m1, v1);
     }
-  }
-  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xffff : (cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1));
-  for (int i = 0; i < R; ++i) {
-    float* row = c + i * ldc;
-    __m512 v0 = lo[i], v1 = hi[i];
-    if (add) {
-      v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), v0);
-      v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), v1);
-    }
-    _mm512_mask_storeu_ps(row, m0, v0);
-    _mm512_mask_storeu_ps(row + 16, m1, v1);
   }
 }
 
-using Kernel = void (*)(int64_t, const float*, const float*, float*, int64_t, int, bool);
+using Kernel = void (*)(int, const int64_t*, const float* const*, const float* const*, float*, int64_t, int, bool);
 constexpr Kernel kKernels[kMr + 1] = {nullptr,   kernel<1>, kernel<2>,  kernel<3>,  kernel<4>,
                                       kernel<5>, kernel<6>, kernel<7>,  kernel<8>,  kernel<9>,
                                       kernel<10>, kernel<11>, kernel<12>, kernel<13>, kernel<14>};
@@ -233,7 +239,8 @@ void multiply_panels(bool trans_a, int64_t k, int64_t n, int64_t kb, const float
         for (int64_t j = jg; j < std::min(j1, jg + kPanelsPerGroup); ++j) {
           const float* panel = packed_b + j * kKc * kNr;
           const int cols = static_cast<int>(std::min<int64_t>(kNr, n - j * kNr));
-          kKernels[tiles[t].rows](kc, packed_a + (t - g0) * kKc * kMr, panel, tiles[t].c + j * kNr, n, cols, kb > 0);
+          const float* a = packed_a + (t - g0) * kKc * kMr;
+          kKernels[tiles[t].rows](1, &kc, &a, &panel, tiles[t].c + j * kNr, n, cols, kb > 0);
         }
       }
     }
@@ -325,14 +332,20 @@ void packed_gemm_sum(int64_t m, int64_t n, const std::vector<SumTerm>& terms, fl
     }
   });
   // Each core packs every term's B for a group of its panels (kept in L2), then runs each C tile
-  // through all the terms while it stays in L1: C is written once, not once per term.
+  // through all the terms in one kernel call while it stays in L1: C goes to memory once, not once
+  // per term.
   split_range(panels, 4, [&](int64_t j0, int64_t j1) {
     thread_local std::vector<float> packed_b_buffer;
     packed_b_buffer.resize(static_cast<size_t>(kPanelsPerGroup * b_floats) + kLine);
     float* const packed_b = aligned(packed_b_buffer.data());
     std::vector<float*> b_at(terms.size());  // each term's panels: [term][panel][p][kNr]
+    std::vector<int64_t> ks;
+    std::vector<const float*> as(terms.size()), bs(terms.size());  // one tile's and panel's
     std::vector<Pieces> term_b;
-    for (const SumTerm& t : terms) term_b.push_back(Pieces::dense(t.k, n, t.b));
+    for (const SumTerm& t : terms) {
+      term_b.push_back(Pieces::dense(t.k, n, t.b));
+      ks.push_back(t.k);
+    }
     for (int64_t jg = j0; jg < j1; jg += kPanelsPerGroup) {
       const int64_t jn = std::min(j1, jg + kPanelsPerGroup);
       float* next = packed_b;
@@ -346,10 +359,12 @@ void packed_gemm_sum(int64_t m, int64_t n, const std::vector<SumTerm>& terms, fl
         const float* a = packed_a + tile * tile_floats;
         for (int64_t j = jg; j < jn; ++j) {
           const int cols = static_cast<int>(std::min<int64_t>(kNr, n - j * kNr));
-          float* out = c + tile * kMr * n + j * kNr;
           for (size_t t = 0; t < terms.size(); ++t) {
-            kKernels[rows](terms[t].k, a + a_at[t], b_at[t] + (j - jg) * terms[t].k * kNr, out, n, cols, t > 0);
+            as[t] = a + a_at[t];
+            bs[t] = b_at[t] + (j - jg) * terms[t].k * kNr;
           }
+          kKernels[rows](static_cast<int>(terms.size()), ks.data(), as.data(), bs.data(), c + tile * kMr * n + j * kNr, n,
+                         cols, false);
         }
       }
     }
