@@ -80,13 +80,20 @@ TESSEL_VECTOR_CLONES void row_sums_f32(const float* x, float* out, int64_t rows,
   }
 }
 
+// 32 lanes (four AVX-512 accumulators): with one, each step waited for the last add (2 elements a
+// cycle, the global norm 2% of DotReluDot's step). The lanes are added pairwise in a fixed order,
+// whatever the vector width.
 TESSEL_VECTOR_CLONES double sum_squares_f32(const float* x, int64_t n) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  constexpr int kLanes = 32;
+  double acc[kLanes] = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
   }
-  double total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
+  }
+  double total = acc[0];
   for (; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return total;
 }
