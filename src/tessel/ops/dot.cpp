@@ -205,7 +205,7 @@ Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
     // (FSDP on one host: 16 MiB per product of DotReluDot) is not needed. The devices are charged
     // the bytes the gather would have brought them, as a replica sharing a local copy is.
     Tensor b = b0;
-    if (holds_pieces(b0, b_sharding) && b0.sharding() != b_sharding) {
+    if (!a.is_abstract() && holds_pieces(b0, b_sharding) && b0.sharding() != b_sharding) {
       count_gathered(b0, b_sharding);
     } else {
       b = reshard_raw(b0, b_sharding);

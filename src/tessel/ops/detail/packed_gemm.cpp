@@ -168,8 +168,8 @@ __attribute__((target("avx512f"))) void pack_a(bool trans_a, const float* a, int
 template <int R>
 __attribute__((target("avx512f"))) void kernel(int terms, const int64_t* ks, const float* const* as,
                                                const float* const* bs, float* c, int64_t ldc, int cols, bool add) {
-  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xffff : (cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1));
+  const auto m0 = static_cast<__mmask16>(cols >= 16 ? 0xffffu : (1u << cols) - 1);
+  const auto m1 = static_cast<__mmask16>(cols >= 32 ? 0xffffu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1);
   // The tile's rows of C are far apart: start fetching them while the products run.
   for (int i = 0; i < R; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
