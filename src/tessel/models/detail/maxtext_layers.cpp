@@ -201,7 +201,8 @@ Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor&
   q = rope_forward(c, q);
   k = rope_forward(c, k);
   if (query_scale != 1.0) q = ops::scale(q, query_scale);
-  nn::AttentionOptions options{.window = window};
+  nn::AttentionOptions options;
+  options.window = window;
   if (c.attention_sink) options.sinks = w("sinks");
   const Tensor merged = nn::causal_attention(q, k, v, options);
   Tensor out = ops::dot(merged, ops::reshape(w("out/kernel"), Shape{h * d, e}));
