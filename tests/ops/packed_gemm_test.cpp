@@ -139,7 +139,12 @@ TEST(PackedGemm, BInPiecesGivesTheBitsOfBDense) {
                                       {{0, 7, 7, 100, 263}, {0, 16, 17, 90, 149}}}) {
       SCOPED_TRACE(testing::Message() << "trans_b " << trans_b << ", " << row_cuts.size() << " x " << col_cuts.size()
                                       << " pieces");
-      ops::detail::Pieces pieces{row_cuts, col_cuts, {}};
+      // The cuts that fall inside this B as stored (its rows are n when transposed).
+      ops::detail::Pieces pieces{{}, {}, {}};
+      for (int64_t cut : row_cuts)
+        if (cut < rows) pieces.row_at.push_back(cut);
+      for (int64_t cut : col_cuts)
+        if (cut < cols) pieces.col_at.push_back(cut);
       pieces.row_at.push_back(rows);
       pieces.col_at.push_back(cols);
       // Each piece copied out on its own (its own width), with the rest of the matrix unreadable.
