@@ -37,6 +37,13 @@ Variable with_value(const Variable& v, std::string kind, Array value) {
   return out;
 }
 
+// Each of `outs` moved on by `bytes`.
+std::vector<std::byte*> shifted(const std::vector<std::byte*>& outs, int64_t bytes) {
+  std::vector<std::byte*> out;
+  for (std::byte* o : outs) out.push_back(o + bytes);
+  return out;
+}
+
 // `count` new arrays on x's layout written together: fn(device, at, n, outs) writes elements
 // [at, at + n) of each device's block of every array, outs[i] pointing at element at of array i
 // (over the cores when the blocks are fewer than the cores; the arithmetic is elementwise, so the
@@ -50,9 +57,7 @@ std::vector<Array> map_blocks(const Array& x, size_t count, Fn fn) {
       x.runtime(), x.shape(), x.dtype(), x.sharding(), count,
       [&](int64_t device, const Box& box, const std::vector<std::byte*>& outs) {
         ops::detail::split_range(box.volume(), int64_t{1} << 14, [&](int64_t lo, int64_t hi) {
-          std::vector<std::byte*> at;
-          for (std::byte* o : outs) at.push_back(o + lo * item);
-          fn(device, lo, hi - lo, at);
+          fn(device, lo, hi - lo, shifted(outs, lo * item));
         });
       });
 }
@@ -143,21 +148,36 @@ class SquareSums {
  public:
   explicit SquareSums(const std::map<std::string, Array>& arrays) {
     for (const auto& [path, a] : arrays) {
-      std::vector<std::pair<const Box*, size_t>> counted;  // replica 0's blocks here: box, first sum
+      const size_t first_counted = counted_.size();
       for (const Shard& s : a.shards()) {
         const bool here = s.replica_id == 0 && s.is_addressable();
-        if (here) counted.push_back({&s.box, sums_.size()});
+        if (here) counted_.push_back({&path, &a, &s, sums_.size()});
         blocks_.push_back({sums_.size(), here ? static_cast<size_t>(chunks_of(s.box.volume())) : 0});
         sums_.resize(sums_.size() + blocks_.back().chunks, 0.0);
       }
       // Any local replica of a counted block finds its sums (whichever replica an update writes).
       std::map<int64_t, size_t>& first = first_[path];
       for (const Shard& s : a.shards()) {
-        for (const auto& [box, at] : counted)
-          if (s.is_addressable() && *box == s.box) first[s.device] = at;
+        for (size_t c = first_counted; c < counted_.size(); ++c)
+          if (s.is_addressable() && counted_[c].shard->box == s.box) first[s.device] = counted_[c].at;
       }
     }
+    if (!arrays.empty()) pool_ = &arrays.begin()->second.runtime().pool();
     if (!arrays.empty()) group_ = &arrays.begin()->second.runtime().processes();
+  }
+
+  // Every chunk's sum, over the cores (global_norm's own pass).
+  void fill() {
+    std::vector<std::pair<const Counted*, int64_t>> chunks;  // block, chunk
+    for (const Counted& c : counted_)
+      for (int64_t k = 0; k < chunks_of(c.shard->box.volume()); ++k) chunks.push_back({&c, k});
+    if (chunks.empty()) return;
+    pool_->parallel_for(static_cast<int64_t>(chunks.size()), [&](int64_t i) {
+      const auto [c, k] = chunks[static_cast<size_t>(i)];
+      const int64_t at = k * kNormChunk, n = std::min(kNormChunk, c->shard->box.volume() - at);
+      const int64_t item = static_cast<int64_t>(item_size(c->array->dtype()));
+      sums_[c->at + static_cast<size_t>(k)] = chunk_squares(c->array->dtype(), *c->path, c->shard->buffer.data() + at * item, n);
+    });
   }
 
   // Where chunk `chunk` of the block of `path` on `device` goes, nullptr where the block is
@@ -198,6 +218,14 @@ class SquareSums {
   struct Block {
     size_t at, chunks;  // its chunks' sums in sums_ (none when not counted here)
   };
+  struct Counted {  // a block counted here: replica 0's, in this process
+    const std::string* path;
+    const Array* array;
+    const Shard* shard;
+    size_t at;  // its first chunk's sum
+  };
+  std::vector<Counted> counted_;
+  WorkerPool* pool_ = nullptr;
   std::map<std::string, std::map<int64_t, size_t>> first_;  // path -> device -> its block's first chunk sum
   std::vector<Block> blocks_;                           // every array's shards, in order
   std::vector<double> sums_;
@@ -216,9 +244,7 @@ std::vector<Array> map_chunks(const Array& x, size_t count, Fn fn) {
         ops::detail::split_range(chunks_of(n), 1, [&](int64_t lo, int64_t hi) {
           for (int64_t c = lo; c < hi; ++c) {
             const int64_t at = c * kNormChunk;
-            std::vector<std::byte*> o;
-            for (std::byte* out : outs) o.push_back(out + at * item);
-            fn(device, c, at, std::min(kNormChunk, n - at), o);
+            fn(device, c, at, std::min(kNormChunk, n - at), shifted(outs, at * item));
           }
         });
       });
@@ -229,25 +255,7 @@ std::vector<Array> map_chunks(const Array& x, size_t count, Fn fn) {
 double global_norm(const std::map<std::string, Array>& arrays) {
   if (arrays.empty()) return 0;
   SquareSums sums(arrays);
-  struct Chunk {
-    const std::string* path;
-    const Array* array;
-    int64_t device, chunk;
-  };
-  std::vector<Chunk> chunks;
-  for (const auto& [path, a] : arrays) {
-    for (const Shard& s : a.shards()) {
-      if (s.replica_id != 0 || !s.is_addressable()) continue;
-      for (int64_t c = 0; c < chunks_of(s.box.volume()); ++c) chunks.push_back({&path, &a, s.device, c});
-    }
-  }
-  arrays.begin()->second.runtime().pool().parallel_for(static_cast<int64_t>(chunks.size()), [&](int64_t i) {
-    const Chunk& ch = chunks[static_cast<size_t>(i)];
-    const Shard& s = ch.array->shard(ch.device);
-    const int64_t at = ch.chunk * kNormChunk, n = std::min(kNormChunk, s.box.volume() - at);
-    *sums.at(*ch.path, ch.device, ch.chunk) =
-        chunk_squares(ch.array->dtype(), *ch.path, s.buffer.data() + at * static_cast<int64_t>(item_size(ch.array->dtype())), n);
-  });
+  sums.fill();
   return sums.norm();
 }
 

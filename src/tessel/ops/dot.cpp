@@ -119,27 +119,42 @@ std::optional<Pieces> pieces_of(const Tensor& x, const Box& box) {
   return p;
 }
 
+// The distinct blocks of B (as `target` places it) that this process's devices need, each as
+// pieces of b's shards read in place; nullopt unless b's shards here tile every one of them.
+using WeightBlocks = std::vector<std::pair<Box, Pieces>>;
+std::optional<WeightBlocks> weight_blocks(const Tensor& b, const NamedSharding& target) {
+  WeightBlocks out;
+  for (const Shard* s : b.shards().addressable_shards()) {
+    const Box box = target.device_box(s->device, b.shape());
+    if (std::any_of(out.begin(), out.end(), [&](const auto& w) { return w.first == box; })) continue;
+    std::optional<Pieces> pieces = pieces_of(b, box);
+    if (!pieces) return std::nullopt;
+    out.emplace_back(box, std::move(*pieces));
+  }
+  return out;
+}
+
 // Every block's product, the devices that need the same block of B (`b_sharding`'s) multiplied
-// together, B read from `b`'s shards in place (see pieces_of).
-void multiply_shared(const Tensor& a, const Tensor& b, const NamedSharding& b_sharding, bool trans_b,
-                     const std::vector<BlockTask>& blocks) {
+// together, B from `weights` (weight_blocks of b_sharding).
+void multiply_shared(const Tensor& a, const Shape& b_shape, const NamedSharding& b_sharding, const WeightBlocks& weights,
+                     bool trans_b, const std::vector<BlockTask>& blocks) {
   struct Group {
-    Box box;  // the devices' block of B
+    const std::pair<Box, Pieces>* weight;
     std::vector<RowBlock> rows;
   };
   std::vector<Group> groups;
   for (const BlockTask& t : blocks) {
-    const Box box = b_sharding.device_box(t.device, b.shape());
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.box == box; });
-    if (it == groups.end()) it = groups.insert(groups.end(), Group{box, {}});
+    const Box box = b_sharding.device_box(t.device, b_shape);
+    const auto w = std::find_if(weights.begin(), weights.end(), [&](const auto& x) { return x.first == box; });
+    if (w == weights.end()) throw Error("dot: this process does not hold the weight's block " + box.to_string());
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.weight == &*w; });
+    if (it == groups.end()) it = groups.insert(groups.end(), Group{&*w, {}});
     const int64_t n = t.box.extent(t.box.rank() - 1);
     it->rows.push_back({t.box.volume() / n, reinterpret_cast<const float*>(block(a, t.device)), reinterpret_cast<float*>(t.out)});
   }
   for (const Group& g : groups) {
-    const int64_t k = g.box.extent(trans_b ? 1 : 0), n = g.box.extent(trans_b ? 0 : 1);
-    const std::optional<Pieces> pieces = pieces_of(b, g.box);
-    if (!pieces) throw Error("dot: this process does not hold the weight's block " + g.box.to_string());
-    packed_gemm(false, trans_b, k, n, *pieces, g.rows);
+    const Box& box = g.weight->first;
+    packed_gemm(false, trans_b, box.extent(trans_b ? 1 : 0), box.extent(trans_b ? 0 : 1), g.weight->second, g.rows);
   }
 }
 
@@ -150,16 +165,6 @@ void count_gathered(const Tensor& b, const NamedSharding& target) {
   for (const DeviceTraffic& t : plan.devices()) {
     if (t.bytes_received > 0 && rt.is_addressable(t.device)) rt.device(t.device).add_received(t.bytes_received);
   }
-}
-
-// Whether this process holds shards of b that tile every block of `target` its devices need
-// (b's own blocks, or the pieces a gather into `target` would copy).
-bool holds_pieces(const Tensor& b, const NamedSharding& target) {
-  if (b.is_abstract()) return false;
-  for (const Shard* s : b.shards().addressable_shards()) {
-    if (!pieces_of(b, target.device_box(s->device, b.shape()))) return false;
-  }
-  return true;
 }
 
 // Every block of a dot_tn result summed over the devices of its group along `axes` (in group
@@ -204,14 +209,19 @@ Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
     // B is packed anyway: packed from the shards in place, a gather's copy of a sharded weight
     // (FSDP on one host: 16 MiB per product of DotReluDot) is not needed. The devices are charged
     // the bytes the gather would have brought them, as a replica sharing a local copy is.
-    Tensor b = b0;
-    if (!a.is_abstract() && holds_pieces(b0, b_sharding) && b0.sharding() != b_sharding) {
+    Tensor b = b0;  // holds the gathered weight, when one is needed, while its pieces are read
+    std::optional<WeightBlocks> weights;
+    if (!a.is_abstract()) weights = weight_blocks(b0, b_sharding);  // an abstract b0 throws, naming it
+    if (weights && b0.sharding() != b_sharding) {
       count_gathered(b0, b_sharding);
-    } else {
+    } else if (!weights) {
       b = reshard_raw(b0, b_sharding);
+      if (!a.is_abstract()) weights = weight_blocks(b, b_sharding);
     }
     return output_together(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
-                           [&](const std::vector<BlockTask>& blocks) { multiply_shared(a, b, b_sharding, trans_b, blocks); });
+                           [&](const std::vector<BlockTask>& blocks) {
+                             multiply_shared(a, b0.shape(), b_sharding, *weights, trans_b, blocks);
+                           });
   }
   const Tensor b = reshard_raw(b0, b_sharding);
   return output(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
