@@ -63,12 +63,13 @@ std::vector<double> magnitudes(const std::vector<float>& x, const std::vector<fl
 }
 
 TEST(PackedGemm, MatchesADoubleReferenceOnEdgeShapes) {
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   std::mt19937 rng(3);
-  // Rows around the 14-row tile, columns around the 32-column panel, depths around the 192 block.
-  for (int64_t m : {1, 13, 14, 15, 64}) {
-    for (int64_t n : {1, 31, 32, 33, 100}) {
-      for (int64_t k : {0, 1, 191, 192, 193, 500}) {
+  // Rows around the tiles (6 and 14 rows), columns around the panels (16 and 32), depths around
+  // the 256 k block.
+  for (int64_t m : {1, 6, 7, 14, 15, 64}) {
+    for (int64_t n : {1, 16, 17, 32, 33, 100}) {
+      for (int64_t k : {0, 1, 255, 256, 257, 600}) {
         for (int trans = 0; trans < 4; ++trans) {
           const bool trans_a = trans & 1, trans_b = trans & 2;
           SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k " << k << " trans_a " << trans_a
@@ -93,8 +94,67 @@ TEST(PackedGemm, MatchesADoubleReferenceOnEdgeShapes) {
   }
 }
 
+// The documented bits, element by element: each k block of 256 a fused multiply-add chain from
+// zero, the blocks added in order. The AVX-512 and AVX2 kernels (other tiles, other packings)
+// both give them, so a product's bits do not depend on the machine's vector width either.
+TEST(PackedGemm, EveryInstructionSetGivesTheBitsOfOneChainPerKBlock) {
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
+  std::mt19937 rng(11);
+  const int64_t kc = ops::detail::packed_gemm_sum_max_k();
+  for (int64_t m : {1, 6, 7, 14, 15, 40}) {
+    for (int64_t n : {1, 16, 17, 32, 33, 70}) {
+      for (int64_t k : {1, 256, 257, 600}) {
+        const std::vector<float> a = random_floats(rng, m * k), b = random_floats(rng, k * n);
+        for (int trans = 0; trans < 4; ++trans) {
+          const bool trans_a = trans & 1, trans_b = trans & 2;
+          std::vector<float> want(static_cast<size_t>(m * n));
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              float sum = 0;
+              for (int64_t p0 = 0; p0 < k; p0 += kc) {
+                float chain = 0;
+                for (int64_t p = p0; p < std::min(k, p0 + kc); ++p)
+                  chain = std::fma(trans_a ? a[p * m + i] : a[i * k + p], trans_b ? b[j * k + p] : b[p * n + j], chain);
+                sum = p0 == 0 ? chain : sum + chain;
+              }
+              want[i * n + j] = sum;
+            }
+          for (bool avx2 : {false, true}) {
+            SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k " << k << " trans_a " << trans_a
+                                            << " trans_b " << trans_b << " AVX2 preferred " << avx2);
+            ops::detail::packed_gemm_prefer_avx2(avx2);
+            std::vector<float> c(want.size(), std::nanf(""));
+            packed_gemm(trans_a, trans_b, k, n, b.data(), {{m, a.data(), c.data()}});
+            ops::detail::packed_gemm_prefer_avx2(false);
+            ASSERT_EQ(std::memcmp(c.data(), want.data(), c.size() * sizeof(float)), 0);
+          }
+        }
+        // The sum of two devices' weight gradients: each term's chain, the second added.
+        const int64_t rows = std::min<int64_t>(k, kc);
+        const std::vector<float> a2 = random_floats(rng, rows * m), b2 = random_floats(rng, rows * n);
+        std::vector<float> want(static_cast<size_t>(m * n));
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            float first = 0, second = 0;
+            for (int64_t p = 0; p < rows; ++p) first = std::fma(a[p * m + i], b[p * n + j], first);
+            for (int64_t p = 0; p < rows; ++p) second = std::fma(a2[p * m + i], b2[p * n + j], second);
+            want[i * n + j] = first + second;
+          }
+        for (bool avx2 : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "sum: m " << m << " n " << n << " k " << rows << " AVX2 preferred " << avx2);
+          ops::detail::packed_gemm_prefer_avx2(avx2);
+          std::vector<float> c(want.size(), std::nanf(""));
+          packed_gemm_sum(m, n, {{rows, a.data(), b.data()}, {rows, a2.data(), b2.data()}}, c.data());
+          ops::detail::packed_gemm_prefer_avx2(false);
+          ASSERT_EQ(std::memcmp(c.data(), want.data(), c.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+}
+
 TEST(PackedGemm, RowsGetTheSameBitsHoweverTheyAreGroupedOrSplit) {
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   std::mt19937 rng(4);
   const int64_t m = 100, n = 300, k = 450;
   const std::vector<float> a = random_floats(rng, m * k), b = random_floats(rng, n * k);
@@ -124,7 +184,7 @@ TEST(PackedGemm, RowsGetTheSameBitsHoweverTheyAreGroupedOrSplit) {
 // B read in place from a grid of pieces (a weight's shards): the bits of B dense, whatever the cuts
 // (inside a 32-column panel, a 16 x 16 transposed block or a k block; pieces without rows).
 TEST(PackedGemm, BInPiecesGivesTheBitsOfBDense) {
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   std::mt19937 rng(8);
   const int64_t m = 40, n = 150, k = 530;
   const std::vector<float> a = random_floats(rng, m * k);
@@ -173,7 +233,7 @@ TEST(PackedGemm, BInPiecesGivesTheBitsOfBDense) {
 // place: the bits of the same weight gathered first, and the devices charged the bytes a gather
 // would have brought them.
 TEST(PackedGemm, ShardedWeightProductsHaveTheBitsOfTheGatheredWeight) {
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   std::mt19937 rng(9);
   Runtime rt = Runtime::host(8);
   const int64_t rows = 96, k = 260, n = 70;
@@ -217,7 +277,7 @@ TEST(PackedGemm, ShardedWeightProductsHaveTheBitsOfTheGatheredWeight) {
 // weight gradient (dot_tn, a partial sum per device) close to one device's.
 TEST(PackedGemm, ReplicatedWeightProductsAreBitIdenticalOnAnyDataSplit) {
   // Without AVX-512 the products stay with OpenBLAS, whose rows may depend on their grouping.
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   std::mt19937 rng(5);
   Runtime rt = Runtime::host(8);
   const int64_t rows = 96, k = 260, n = 70;
@@ -260,7 +320,7 @@ std::vector<float> sum_of_products(int64_t m, int64_t n, const std::vector<SumTe
 }
 
 TEST(PackedGemmSum, HasTheBitsOfEachTermsProductSummedInOrder) {
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   std::mt19937 rng(6);
   Runtime rt = Runtime::host(2);
   // Rows around the 14-row tile, columns around the 32-column panel and the 8-panel group, terms
@@ -306,7 +366,7 @@ TEST(PackedGemmSum, HasTheBitsOfEachTermsProductSummedInOrder) {
 }
 
 TEST(PackedGemmSum, RefusesATermBeyondOneKBlock) {
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   const int64_t k = ops::detail::packed_gemm_sum_max_k() + 1;
   std::vector<float> a(static_cast<size_t>(k * 4)), b(static_cast<size_t>(k * 4)), c(16);
   EXPECT_THROW(packed_gemm_sum(4, 4, {{k, a.data(), b.data()}}, c.data()), ValueError);
@@ -317,7 +377,7 @@ TEST(PackedGemmSum, RefusesATermBeyondOneKBlock) {
 // in group order, the order in which the runtime's reduction (the only way across processes) adds
 // them. Rows split unevenly over the devices, one and two contracted axes, 2-D and 3-D operands.
 TEST(PackedGemmSum, WeightGradientsOfDeviceRowsAreSummedInGroupOrder) {
-  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F";
+  if (!ops::detail::packed_gemm_supported()) GTEST_SKIP() << "needs AVX-512F or AVX2 with FMA";
   std::mt19937 rng(7);
   Runtime rt = Runtime::host(8);
   struct Case {

@@ -46,8 +46,11 @@ struct Pieces {
   }
 };
 
-// Whether this machine runs packed_gemm (it needs AVX-512F).
+// Whether this machine runs packed_gemm (it needs AVX-512F, or AVX2 with FMA). Both give the same
+// bits: each k block's chain is the same whatever the vector width.
 bool packed_gemm_supported();
+// For tests: run the AVX2 kernels even where AVX-512F is there (they must give its bits).
+void packed_gemm_prefer_avx2(bool yes);
 
 // C = A B for every block (C is overwritten), B [k, n] row-major, or [n, k] when trans_b.
 // Spread over the cores when called inside a spread region (see spread()). Scratch: one k block
