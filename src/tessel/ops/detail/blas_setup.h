@@ -6,10 +6,11 @@
 // 4x slower than it can. Unless the user chose a family (OPENBLAS_CORETYPE).
 //
 // How its idle threads wait. Its pthreads build keeps a thread that has done its part of a product
-// calling sched_yield for the next one for 2^28 cycles (about 0.1 s) before it sleeps. tessel runs
-// OpenBLAS's threads only for products of at least 2^30 multiply-adds and its own worker pool
-// between them, whose threads then shared the cores with the polling ones: DotReluDot's step took
-// 1.18x its GEMM bound instead of 1.09x (10 alternating process pairs on the 2-core Intel VM).
+// calling sched_yield for the next one for 2^28 cycles (about 0.1 s) before it sleeps. tessel ran
+// OpenBLAS's threads for products of at least 2^30 multiply-adds (no longer: ops keep it at one
+// thread) and its own worker pool between them, whose threads then shared the cores with the
+// polling ones: DotReluDot's step took 1.18x its GEMM bound instead of 1.09x (10 alternating
+// process pairs on the 2-core Intel VM). A user's own OpenBLAS calls may still start them.
 // Its threads sleep at once (OpenBLAS's shortest wait, 2^4 cycles); waking one costs microseconds
 // against a product of milliseconds. Unless the user chose a wait (OPENBLAS_THREAD_TIMEOUT).
 #pragma once

@@ -211,7 +211,10 @@ void split_rows(int64_t rows, int64_t row_items, const std::function<void(int64_
   split_range(rows, std::max<int64_t>(1, kGrainItems / std::max<int64_t>(row_items, 1)), body);
 }
 
-bool sgemm_runs_dnnl(int64_t m, int64_t n, int64_t k) { return m * n * k >= kSgemmDnnlMinWork; }
+bool sgemm_runs_dnnl(int64_t m, int64_t n, int64_t k) {
+  static const bool faster_here = CpuFeatures::of_this_cpu().avx512;
+  return faster_here && m * n * k >= kSgemmDnnlMinWork;
+}
 
 int64_t product_pieces(int64_t m, int64_t n) { return std::max(m, n) >= 2 * kProductPieceMin ? kProductPieces : 1; }
 
@@ -283,13 +286,9 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   if (k == 0) return gemm_strided(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate);
   const bool dnnl = runs_dnnl(dtype, m, n, k);
-  WorkerPool* pool = g_spread_pool.load();
-  if (pool && m * n * k >= (int64_t{1} << 30) && !dnnl) {
-    set_blas_threads(pool->size());
-    gemm_ld(dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, accumulate, dnnl);
-    set_blas_threads(1);
-    return;
-  }
+  // Never on OpenBLAS's own threads: its threaded driver cuts k into other blocks than its
+  // single-threaded one, so a product spread that way (a process holding one device) had other
+  // bits than the same product run by one core (a process holding several).
   // Cut into pieces by the shape alone (product_pieces), run over the pool when spread, one after
   // the other otherwise: the same calls, so the same bits, wherever the product runs.
   const int64_t pieces = product_pieces(m, n);
