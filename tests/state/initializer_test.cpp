@@ -39,12 +39,16 @@ TEST(Philox, BatchedWordsAreTheScalarBlocksWordByWord) {
   // inside a vector.
   for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{255}, uint64_t{1} << 34,
                          (uint64_t{0xFFFFFFFF} - 5) * 4 + 3}) {
-    std::vector<uint32_t> words(1000 + first % 7);
-    detail::random_words(key, first, words.size(), words.data());
-    for (size_t j = 0; j < words.size(); ++j) {
-      uint64_t i = first + j;
-      PhiloxCounter block = philox4x32_10({static_cast<uint32_t>(i / 4), static_cast<uint32_t>(i / 4 >> 32), 0, 0}, key);
-      ASSERT_EQ(words[j], block[i % 4]) << "element " << i;
+    for (bool avx2 : {false, true}) {  // the fastest kernels here, then the AVX2 ones
+      std::vector<uint32_t> words(1000 + first % 7);
+      detail::sampling_prefer_avx2(avx2);
+      detail::random_words(key, first, words.size(), words.data());
+      detail::sampling_prefer_avx2(false);
+      for (size_t j = 0; j < words.size(); ++j) {
+        uint64_t i = first + j;
+        PhiloxCounter block = philox4x32_10({static_cast<uint32_t>(i / 4), static_cast<uint32_t>(i / 4 >> 32), 0, 0}, key);
+        ASSERT_EQ(words[j], block[i % 4]) << "element " << i << (avx2 ? ", AVX2 preferred" : "");
+      }
     }
   }
 }
@@ -67,11 +71,18 @@ TEST(Sampling, EveryInstructionSetGivesTheSameBits) {
   for (const auto& spec : specs)
     for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 33, (uint64_t{0xFFFFFFFF} - 9) * 4 + 1}) {
       const size_t n = 100003 + first % 13;
-      std::vector<float> fast(n), base(n);
-      detail::sample_f32(key, first, n, spec, fast.data());
+      std::vector<float> base(n);
       testing::baseline_sample_f32(key, first, n, spec, base.data());
-      for (size_t j = 0; j < n; ++j)
-        ASSERT_EQ(std::bit_cast<uint32_t>(fast[j]), std::bit_cast<uint32_t>(base[j])) << "element " << first + j;
+      // The fastest kernels here, then the AVX2 ones (where AVX-512 would be taken).
+      for (bool avx2 : {false, true}) {
+        std::vector<float> fast(n);
+        detail::sampling_prefer_avx2(avx2);
+        detail::sample_f32(key, first, n, spec, fast.data());
+        detail::sampling_prefer_avx2(false);
+        for (size_t j = 0; j < n; ++j)
+          ASSERT_EQ(std::bit_cast<uint32_t>(fast[j]), std::bit_cast<uint32_t>(base[j]))
+              << "element " << first + j << (avx2 ? ", AVX2 preferred" : "");
+      }
     }
 }
 

@@ -3,6 +3,7 @@
 #include "tessel/state/detail/sampling.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <iterator>
@@ -112,9 +113,11 @@ inline float erfinv(float x) {
 // operations in the same order as the portable code, so they give the same bits.
 #define TESSEL_AVX512 __attribute__((target("avx512f")))
 
+std::atomic<bool> prefer_avx2{false};
+
 bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
+  return yes && !prefer_avx2.load(std::memory_order_relaxed);
 }
 
 TESSEL_AVX512 inline __m512i splat(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
@@ -447,6 +450,12 @@ TESSEL_AVX2 void sample_f32_avx2(const PhiloxKey& key, uint64_t first, size_t n,
 }  // namespace
 
 float erfinv_f32(float x) { return erfinv(x); }
+
+void sampling_prefer_avx2([[maybe_unused]] bool yes) {
+#ifdef TESSEL_SAMPLING_AVX512
+  prefer_avx2 = yes;
+#endif
+}
 
 void random_words(const PhiloxKey& key, uint64_t first, size_t n, uint32_t* out) {
 #ifdef TESSEL_SAMPLING_AVX512

@@ -25,6 +25,8 @@ struct SampleSpec {
 
 // Writes the f32 samples of elements [first, first + n).
 void sample_f32(const PhiloxKey& key, uint64_t first, size_t n, const SampleSpec& spec, float* out);
+// For tests: take the AVX2 kernels even where AVX-512F is there (they must give the same bits).
+void sampling_prefer_avx2(bool yes);
 
 // erfinv in f32 (Giles' single-precision polynomials; exposed for its accuracy test).
 float erfinv_f32(float x);
