@@ -460,7 +460,7 @@ void sampling_prefer_avx2([[maybe_unused]] bool yes) {
 void random_words(const PhiloxKey& key, uint64_t first, size_t n, uint32_t* out) {
 #ifdef TESSEL_SAMPLING_AVX512
   if (has_avx512() || has_avx2()) {
-    auto copy = [&](auto runs) {
+    auto copy = [&](auto&& runs) {
       while (!runs.done()) {
         const WordRun run = runs.next();
         std::copy_n(run.words, run.count, out + run.offset);
