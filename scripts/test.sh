@@ -17,8 +17,16 @@ echo "== ASan + UBSan build and tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTESSEL_SANITIZE=ON -DTESSEL_BUILD_TESTS=ON -DTESSEL_BUILD_BENCH=OFF \
   -DTESSEL_PYTHON="$python" > /dev/null
 cmake --build build-asan -j"$jobs"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan -j"$jobs" --output-on-failure | tail -n 3
+# Only the summary unless a test fails: then what the failing tests printed, from the whole log.
+asan_log=build-asan/ctest.log
+if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --test-dir build-asan -j"$jobs" --output-on-failure > "$asan_log" 2>&1; then
+  grep -B 3 -A 25 -E "Failure$|\[  FAILED  \]|ERROR: AddressSanitizer|runtime error:" "$asan_log" | head -n 300
+  tail -n 20 "$asan_log"
+  echo "the ASan + UBSan tests failed; the whole log is $asan_log"
+  exit 1
+fi
+tail -n 3 "$asan_log"
 
 echo "== fuzzing the parsers for ${FUZZ_SECONDS:-60} s"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -45,17 +46,25 @@ TEST(CheckpointCrash, KilledSavesLeaveThePreviousStepsIntact) {
   testing::TempDir tmp;
   const fs::path root = tmp.path() / "ckpt";
   Runtime rt = Runtime::host(8);
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = wait_for(spawn_helper(root, 1));
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the helper failed on its own";
-  const auto full = std::chrono::steady_clock::now() - t0;
+  // The kill times scale with the median of three whole saves: one save alone can run several
+  // times slower than the rest (a cold binary, a busy machine), which would put most kills after
+  // the save has finished.
+  std::vector<std::chrono::steady_clock::duration> saves;
+  for (int64_t step = 1; step <= 3; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = wait_for(spawn_helper(root, step));
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the helper failed on its own";
+    saves.push_back(std::chrono::steady_clock::now() - t0);
+  }
+  std::sort(saves.begin(), saves.end());
+  const auto full = saves[1];
   const auto reference = restore_all(rt, root / "1" / "default");
   ASSERT_GT(reference.size(), 10u);
 
   std::mt19937 rng(11);
   int completed = 0, killed = 0, mid_save = 0;
   for (int64_t i = 0; i < 50; ++i) {
-    const int64_t step = i + 2;
+    const int64_t step = i + 4;
     const pid_t pid = spawn_helper(root, step);
     const auto delay = std::chrono::duration_cast<std::chrono::microseconds>(full) *
                        std::uniform_real_distribution<double>(0.0, 1.2)(rng);
