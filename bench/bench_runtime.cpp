@@ -36,6 +36,15 @@ Array filled(const Shape& shape, const PartitionSpec& spec) {
                                   });
 }
 
+// A replicated array whose devices hold different values in buffers of their own, as gradients
+// before their all_reduce do (`filled` lets the replicas in one process share one buffer).
+Array per_device(const Shape& shape) {
+  return make_array_from_device_callback(runtime(), shape, DType::kF32, NamedSharding(mesh(), {}),
+                                         [](int64_t device, const Box&, std::span<std::byte> out) {
+                                           std::memset(out.data(), 0x3c + static_cast<int>(device), out.size());
+                                         });
+}
+
 int64_t bytes_received() {
   int64_t n = 0;
   for (int64_t d = 0; d < kDevices; ++d) n += runtime().device(d).memory_stats().bytes_received;
@@ -128,12 +137,12 @@ void BM_AllGather(benchmark::State& state) {
 }
 BENCHMARK(BM_AllGather)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// Reductions: every device holds a 128 MiB contribution (1 GiB over the 8 devices).
+// Reductions: every device holds a 128 MiB contribution of its own (1 GiB over the 8 devices).
 constexpr int64_t kRows = kSide / kDevices;
 
 void BM_ReduceScatter(benchmark::State& state) {
   {
-    Array x = filled(Shape{kRows, kSide}, {});
+    Array x = per_device(Shape{kRows, kSide});
     const int64_t in = kRows * kSide * 4;
     { Array warm = reduce_scatter(x, {"fsdp"}, 0); }
     int64_t before = bytes_received();
@@ -150,7 +159,7 @@ BENCHMARK(BM_ReduceScatter)->Iterations(5)->UseRealTime()->Unit(benchmark::kMill
 
 void BM_AllReduce(benchmark::State& state) {
   {
-    Array x = filled(Shape{kRows, kSide}, {});
+    Array x = per_device(Shape{kRows, kSide});
     const int64_t in = kRows * kSide * 4;
     { Array warm = all_reduce(x, {"fsdp"}, Reduction::kSum); }
     int64_t before = bytes_received();
