@@ -36,8 +36,8 @@ TEST(Vmath, ExpIsAccurateAndNeverSubnormal) {
   }
 }
 
-// The kernels run blocks of elements step by step and the leftover elements one at a time: both must
-// give the same bits, so a value never depends on where it falls in an array.
+// The kernels compute blocks of 32 elements, the last one padded: a value must not depend on where it
+// falls in an array (in a whole block, at any lane, or in the padded one).
 TEST(Vmath, WholeArraysAndSingleElementsGiveTheSameBits) {
   std::mt19937 rng(21);
   std::normal_distribution<float> wide(0.0f, 30.0f);  // reaches exp's clamps at -87 and 88
