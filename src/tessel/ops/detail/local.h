@@ -80,7 +80,8 @@ void split_rows(int64_t rows, int64_t row_items, const std::function<void(int64_
 // OpenBLAS's, whose call costs less (0.1 to 0.2 us against oneDNN's 0.3 to 0.4), as do f64
 // products. Without AVX-512 every product runs OpenBLAS: on the AMD EPYC (Zen 3) VM its Zen
 // kernels, single-threaded on halves of C, ran the models' shapes 0.87 to 1.58x oneDNN's AVX2
-// rate (faster on 5 of 9, within 1% on 3). The choice depends on the shape and the CPU only, so a product's bits do too.
+// rate (faster on 5 of 9, within 1% on 3). The choice depends on the shape and the CPU only, so
+// a product's bits do too.
 constexpr int64_t kSgemmDnnlMinWork = int64_t{1} << 16;
 bool sgemm_runs_dnnl(int64_t m, int64_t n, int64_t k);
 

@@ -113,9 +113,10 @@ inline float erfinv(float x) {
 // operations in the same order as the portable code, so they give the same bits.
 #define TESSEL_AVX512 __attribute__((target("avx512f")))
 
-std::atomic<bool> prefer_avx2{false};
+std::atomic<bool> prefer_avx2{false};  // sampling_prefer_avx2
 
-bool has_avx512() {
+// The CPU has AVX-512F and no test asked for the AVX2 kernels.
+bool use_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes && !prefer_avx2.load(std::memory_order_relaxed);
 }
@@ -459,16 +460,14 @@ void sampling_prefer_avx2([[maybe_unused]] bool yes) {
 
 void random_words(const PhiloxKey& key, uint64_t first, size_t n, uint32_t* out) {
 #ifdef TESSEL_SAMPLING_AVX512
-  if (has_avx512() || has_avx2()) {
-    auto copy = [&](auto&& runs) {
-      while (!runs.done()) {
-        const WordRun run = runs.next();
-        std::copy_n(run.words, run.count, out + run.offset);
-      }
-    };
-    if (has_avx512()) return copy(PhiloxRuns<philox32>(key, first, n));
-    return copy(PhiloxRuns<philox32_avx2>(key, first, n));
-  }
+  auto copy = [&](auto&& runs) {
+    while (!runs.done()) {
+      const WordRun run = runs.next();
+      std::copy_n(run.words, run.count, out + run.offset);
+    }
+  };
+  if (use_avx512()) return copy(PhiloxRuns<philox32>(key, first, n));
+  if (has_avx2()) return copy(PhiloxRuns<philox32_avx2>(key, first, n));
 #endif
   alignas(64) uint32_t words[4 * kBlocks];
   uint64_t block = first / 4;
@@ -506,7 +505,7 @@ TESSEL_VECTOR_CLONES void transform(const SampleSpec& spec, const uint32_t* word
 
 void sample_f32(const PhiloxKey& key, uint64_t first, size_t n, const SampleSpec& spec, float* out) {
 #ifdef TESSEL_SAMPLING_AVX512
-  if (has_avx512()) return sample_f32_avx512(key, first, n, spec, out);
+  if (use_avx512()) return sample_f32_avx512(key, first, n, spec, out);
   if (has_avx2()) return sample_f32_avx2(key, first, n, spec, out);
 #endif
   constexpr size_t kBatch = 4 * kBlocks;
