@@ -192,10 +192,10 @@ int main(int argc, char** argv) {
       const double sec = since(t0);
       const int64_t bytes = s.nbytes();
       j = {{"bytes", bytes}, {"seconds", sec}, {"gbps", static_cast<double>(bytes) / sec / 1e9},
-           {"target_bytes", stats.target_bytes}, {"bytes_read", stats.bytes_read},
+           {"target_bytes", stats.target_bytes}, {"bytes_read", stats.bytes_read}, {"bytes_mapped", stats.bytes_mapped},
            {"staging_peak", stats.staging_peak}, {"peak_rss", peak_rss()}};
-      // Again into the device memory the first restore freed (the devices cache freed blocks), as
-      // in a running job that restores again: no first touch of new pages.
+      // Again, as in a running job that restores again: chunks that are not mapped land in the
+      // device memory the first restore freed (the devices cache freed blocks), no new pages.
       s = tessel::State();
       t0 = Clock::now();
       s = tessel::restore(rt, argv[2], target, {.readers = readers});

@@ -1,4 +1,6 @@
 // Save/restore round trips, the on-disk layout, structure and dtype handling, and bounded reads.
+#include <fstream>
+#include <map>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -431,6 +433,97 @@ TEST(CheckpointRestore, UncompressedReadsOnlyTheBytesEachDeviceNeeds) {
   EXPECT_EQ(to_host(got.at("w").array()), h);
   EXPECT_EQ(stats.bytes_read, 64 * 64 * 4);  // each byte once, no whole-chunk reads
   EXPECT_EQ(stats.staging_peak, 0);
+}
+
+// The largest chunk file of a plain-files checkpoint (the test's one large leaf has 1 MiB chunks).
+fs::path a_large_chunk(const fs::path& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.file_size() == (int64_t{1} << 20)) return e.path();
+  throw std::runtime_error("no 1 MiB chunk file in " + dir.string());
+}
+
+TEST(CheckpointRestore, BlocksThatAreOneUncompressedChunkMapItsBytes) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(20261128);
+  for (bool ocdbt : {false, true}) {
+    SCOPED_TRACE(ocdbt ? "ocdbt" : "files");
+    TempDir tmp;
+    const Mesh x2 = Mesh::parse("x=2");
+    // An odd-sized value first: the large one's chunks must not happen to start at aligned offsets.
+    const HostArray odd = random_host(rng, Shape{301}, DType::kF32);
+    const HostArray big = random_host(rng, Shape{1024, 512}, DType::kF32);  // 1 MiB per block on x=2
+    State state;
+    state.insert("a", Variable(kParam, device_put(rt, odd, NamedSharding(x2, {}))));
+    state.insert("w", Variable(kParam, device_put(rt, big, NamedSharding(x2, {{"x"}}))));
+    save(tmp.path() / "c", state, {.use_ocdbt = ocdbt});
+    State target;  // the saved blocks, each held by 4 devices
+    const NamedSharding replicas(Mesh::parse("data=4,x=2"), {{"x"}});
+    target.insert("a", Variable::abstract(kParam, {301}, DType::kF32, NamedSharding(x2, {})));
+    target.insert("w", Variable::abstract(kParam, {1024, 512}, DType::kF32, replicas));
+    RestoreStats stats;
+    State got = restore(rt, tmp.path() / "c", target, {}, &stats);
+    EXPECT_EQ(stats.bytes_mapped, int64_t{2} << 20);
+    EXPECT_EQ(stats.bytes_read, (int64_t{2} << 20) + 301 * 4);
+    EXPECT_EQ(stats.target_bytes, (int64_t{8} << 20) + 2 * 301 * 4);  // every device charged
+    EXPECT_EQ(to_host(got.at("w").array()), big);
+    EXPECT_EQ(to_host(got.at("a").array()), odd);
+    // A block's replicas share its one mapping; the two blocks are distinct.
+    std::map<int64_t, const std::byte*> by_row;
+    for (const Shard& s : got.at("w").array().shards()) {
+      auto [it, fresh] = by_row.emplace(s.box.start(0), s.buffer.data());
+      EXPECT_EQ(it->second, s.buffer.data()) << "device " << s.device;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(s.buffer.data()) % 64, 0u);
+    }
+    EXPECT_EQ(by_row.size(), 2u);
+    // Copying instead gives the same values.
+    RestoreStats copied;
+    EXPECT_EQ(to_host(restore(rt, tmp.path() / "c", target, {.map_chunks = false}, &copied).at("w").array()), big);
+    EXPECT_EQ(copied.bytes_mapped, 0);
+    // Blocks that are not one chunk (columns), another dtype or compressed chunks are copied.
+    State columns;
+    columns.insert("w", Variable::abstract(kParam, {1024, 512}, DType::kF32, NamedSharding(x2, {{}, {"x"}})));
+    EXPECT_EQ(to_host(restore(rt, tmp.path() / "c", columns, {.partial = true}, &copied).at("w").array()), big);
+    EXPECT_EQ(copied.bytes_mapped, 0);
+    State bf16;
+    bf16.insert("w", Variable::abstract(kParam, {1024, 512}, DType::kBF16, replicas));
+    EXPECT_EQ(to_host(restore(rt, tmp.path() / "c", bf16, {.partial = true}, &copied).at("w").array()),
+              to_host(cast(device_put(rt, big, replicas), DType::kBF16)));
+    EXPECT_EQ(copied.bytes_mapped, 0);
+    save(tmp.path() / "z", state, {.compression = Compression::zstd(), .use_ocdbt = ocdbt});
+    EXPECT_EQ(to_host(restore(rt, tmp.path() / "z", target, {}, &copied).at("w").array()), big);
+    EXPECT_EQ(copied.bytes_mapped, 0);
+    // The mapped arrays outlive the checkpoint's files.
+    fs::remove_all(tmp.path() / "c");
+    EXPECT_EQ(to_host(got.at("w").array()), big);
+  }
+}
+
+TEST(CheckpointRestore, MappedChunksAreCheckedLikeReadOnes) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(7);
+  TempDir tmp;
+  const HostArray big = random_host(rng, Shape{1024, 512}, DType::kF32);
+  const NamedSharding rows(Mesh::parse("x=2"), {{"x"}});
+  save(tmp.path() / "c", one_leaf("w", device_put(rt, big, rows)), {.use_ocdbt = false});
+  State target;
+  target.insert("w", Variable::abstract(kParam, {1024, 512}, DType::kF32, rows));
+  const fs::path chunk = a_large_chunk(tmp.path() / "c");
+  {
+    std::fstream f(chunk, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12345);
+    f.put('\x5a');
+  }
+  EXPECT_THAT([&] { restore(rt, tmp.path() / "c", target); },
+              ::testing::ThrowsMessage<ValueError>(HasSubstr("CRC-32C mismatch")));
+  // Unchecked, the mapping holds the file's bytes as they are.
+  RestoreStats stats;
+  const Array got = restore(rt, tmp.path() / "c", target, {.verify_checksums = false}, &stats).at("w").array();
+  EXPECT_EQ(stats.bytes_mapped, int64_t{2} << 20);
+  EXPECT_NE(to_host(got), big);
+  // A chunk file cut short is never mapped: the read reports it.
+  fs::resize_file(chunk, (int64_t{1} << 20) - 4096);
+  EXPECT_THAT([&] { restore(rt, tmp.path() / "c", target); },
+              ::testing::ThrowsMessage<ValueError>(HasSubstr("an uncompressed chunk of")));
 }
 
 TEST(CheckpointRestore, ColumnBlocksOfRowChunksAreReadOnceInSlabs) {

@@ -126,11 +126,18 @@ struct RestoreOptions {
   int64_t staging_bytes = int64_t{256} << 20;       // host bytes for chunk decoding at once
   int readers = 0;                                  // 0: max(2, cores), at most 16
   bool verify_checksums = true;                     // of every chunk read whole
+  // A device block that is exactly one uncompressed chunk of its dtype (the same mesh, chunks of
+  // at least 1 MiB) maps the chunk's file bytes copy-on-write instead of copying them into fresh
+  // memory: the restored buffer then is the page cache's pages. The checkpoint's files must not be
+  // cut short in place while the restored arrays live (deleting or replacing them is safe, as
+  // every checkpointer does); false copies every chunk.
+  bool map_chunks = true;
 };
 
 struct RestoreStats {
   int64_t bytes_read = 0;     // from files
   int64_t chunks_read = 0;
+  int64_t bytes_mapped = 0;   // of bytes_read, those mapped (RestoreOptions::map_chunks)
   int64_t target_bytes = 0;   // bytes of every restored device buffer
   int64_t staging_peak = 0;   // host staging bytes held at once
   double seconds = 0;

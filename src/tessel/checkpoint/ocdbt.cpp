@@ -791,10 +791,15 @@ void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
                           value.size()});
       return;
     }
+    // Values of 1 MiB and more start on a 4 KiB boundary (the gap a hole in the file), so that a
+    // restore can map them as device buffers (File::map); smaller ones are copied anyway.
+    auto start_of = [&](uint64_t filled) {
+      return value.size() < (uint64_t{1} << 20) ? filled : (filled + 4095) / 4096 * 4096;
+    };
     // An idle data file with room (a value is never split), else a new one.
     auto fits = [&](size_t i) {
       const uint64_t filled = m.written[i].filled;
-      return filled == 0 || filled + value.size() <= m.options.target_data_file_bytes;
+      return filled == 0 || start_of(filled) + value.size() <= m.options.target_data_file_bytes;
     };
     auto it = std::find_if(m.idle.begin(), m.idle.end(), fits);
     if (it != m.idle.end()) {
@@ -807,8 +812,8 @@ void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
     }
     Impl::DataFile& f = m.written[slot];
     file = f.file;
-    offset = f.filled;
-    f.filled += value.size();
+    offset = start_of(f.filled);
+    f.filled = offset + value.size();
     m.values.push_back({std::move(key), f.id, {}, offset, value.size()});
   }
   // Outside the lock: each writer fills its own file and starts its writeback.

@@ -1,6 +1,7 @@
 // Restoring an item onto any sharding: each device's block is read from the chunks that intersect
-// it (uncompressed chunks by byte ranges, compressed ones decoded once for every block that needs
-// them), with host staging bounded by RestoreOptions::staging_bytes.
+// it (uncompressed chunks by byte ranges, or mapped when one is exactly the block; compressed ones
+// decoded once for every block that needs them), with host staging bounded by
+// RestoreOptions::staging_bytes.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -133,7 +134,60 @@ struct LeafRead : detail::ChunkSource {
   std::vector<Destination> dests;
   std::string kind;
   Partitioning partitioning;
+  std::vector<bool> mapped;  // per shard: its block is a mapped chunk (or a replica of one)
 };
+
+// A block that may map its chunk's file bytes: exactly one uncompressed chunk of its dtype.
+struct MappedChunk {
+  size_t param;
+  detail::ArrayBuilder::LocalBlock block;
+  std::vector<int64_t> index;
+  std::optional<detail::MappedBytes> bytes;  // once mapped, read in and checked
+};
+
+// Below this, reading into the device's cached blocks costs less than a mapping per chunk.
+constexpr int64_t kMinMappedBytes = int64_t{1} << 20;
+
+// The blocks of `p` that are exactly one chunk whose stored bytes are the block's layout
+// (RestoreOptions::map_chunks): found from the metadata alone, no file opened yet.
+void mappable_blocks(const LeafRead& p, size_t param, std::vector<MappedChunk>& out) {
+  if (p.zarr.compression().kind != Compression::Kind::kNone || p.zarr.chunk_checksum() || p.zarr.sharded() ||
+      p.zarr.dtype() != p.target_dtype || p.zarr.chunk_bytes() < kMinMappedBytes) {
+    return;
+  }
+  for (detail::ArrayBuilder::LocalBlock& block : p.builder->local_blocks()) {
+    const Box& box = p.builder->shard(block.first).box;
+    auto indices = p.zarr.chunks_in(box);
+    if (indices.size() != 1 || p.zarr.chunk_box(indices.front()) != box || !p.builder->fills(block.first)) continue;
+    out.push_back({param, std::move(block), std::move(indices.front()), std::nullopt});
+  }
+}
+
+// Maps a candidate's chunk, reads its pages in (from the disk when they are not cached) and
+// compares them with the saved CRC-32C. A chunk that is absent, of the wrong size or cannot be
+// mapped stays unmapped: the reads take it and report what is wrong with it.
+void map_chunk(const LeafRead& p, MappedChunk& m, bool verify) {
+  const std::string key = p.zarr.chunk_key(m.index);
+  const std::optional<detail::StoredValue> value = locate_chunk(p, m.index, key);
+  if (!value || value->size() != p.zarr.chunk_bytes()) return;
+  std::optional<detail::MappedBytes> bytes = value->map();
+  if (!bytes) return;
+  const std::span<const std::byte> view(bytes->data(), static_cast<size_t>(bytes->size()));
+  value->will_need();
+  detail::populate(view, chunk_what(p, key));
+  if (verify && p.meta->crc32c.contains(key)) check_crc(p, key, detail::crc32c(view));
+  m.bytes.emplace(std::move(*bytes));
+}
+
+// A mapped chunk becomes its block's buffer, shared by the block's other local replicas.
+void adopt_mapped(LeafRead& p, MappedChunk& m) {
+  p.builder->adopt(m.block.first, std::move(*m.bytes));
+  p.mapped[m.block.first] = true;
+  for (size_t r : m.block.replicas) {
+    p.builder->share_replica(r, m.block.first);
+    p.mapped[r] = true;
+  }
+}
 
 // Physical memory: the ceiling for all device buffers of one restore (virtual devices share it).
 const int64_t kMaxRestoreBytes = [] {
@@ -451,7 +505,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     const DType dtype = want ? want->dtype() : z.dtype();
     const bool allow_missing = !item.store_array_data_equal_to_fill_value && z.fill_value().has_value();
     LeafRead plan{{path, meta, &store, key_prefix(*meta), z}, dtype, allow_missing, nullptr, {}, want ? want->kind() : meta->kind,
-                   want && !want->partitioning().empty() ? want->partitioning() : meta->partitioning};
+                   want && !want->partitioning().empty() ? want->partitioning() : meta->partitioning, {}};
     plan.builder = std::make_unique<detail::ArrayBuilder>(rt, z.shape(), dtype, sharding, path);
     plans.push_back(std::move(plan));
   }
@@ -470,6 +524,25 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
       target_bytes += n;
     }
   }
+  // Blocks that are one uncompressed chunk each map it (their pages read in, the I/O in parallel);
+  // every other block gets fresh memory and is read below.
+  std::vector<MappedChunk> candidates;
+  for (size_t pi = 0; pi < plans.size(); ++pi) {
+    plans[pi].mapped.assign(plans[pi].builder->size(), false);
+    if (options.map_chunks) mappable_blocks(plans[pi], pi, candidates);
+  }
+  const int readers = default_threads(options.readers, 2);
+  run_parallel(static_cast<int64_t>(candidates.size()), readers, [&](int64_t t) {
+    MappedChunk& m = candidates[static_cast<size_t>(t)];
+    map_chunk(plans[m.param], m, options.verify_checksums);
+  });
+  int64_t bytes_mapped = 0, chunks_mapped = 0;
+  for (MappedChunk& m : candidates) {
+    if (!m.bytes) continue;
+    bytes_mapped += m.bytes->size();
+    chunks_mapped += 1;
+    adopt_mapped(plans[m.param], m);
+  }
   for (auto& p : plans) p.builder->allocate_all();
   // One destination per distinct local block (its other local copies ride along as replicas), and
   // one task per chunk that some destination needs, listing every such destination.
@@ -479,7 +552,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     std::map<std::vector<int64_t>, size_t> by_block;  // block start -> destination
     for (size_t i = 0; i < p.builder->size(); ++i) {
       const Shard& s = p.builder->shard(i);
-      if (!p.builder->addressable(i) || s.box.empty()) continue;
+      if (!p.builder->addressable(i) || s.box.empty() || p.mapped[i]) continue;
       auto [it, fresh] = by_block.emplace(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()), p.dests.size());
       if (fresh) {
         p.dests.push_back({p.builder->data(i), s.box, {}});
@@ -497,12 +570,14 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     }
   }
   // Half of the staging budget for the workers' reusable buffers (two each), half for leases.
-  const int threads = static_cast<int>(std::min<int64_t>(default_threads(options.readers, 2), std::max<size_t>(tasks.size(), 1)));
+  const int threads = static_cast<int>(std::min<int64_t>(readers, std::max<size_t>(tasks.size(), 1)));
   const int64_t budget = std::max<int64_t>(options.staging_bytes, 2);
   StagingBudget staging(budget / 2);
   std::vector<WorkerBuffers> buffers(static_cast<size_t>(threads));
   for (auto& b : buffers) b.keep = static_cast<size_t>(budget / 4 / threads);
   Counters counters;
+  counters.bytes += bytes_mapped;
+  counters.chunks += chunks_mapped;
   run_parallel(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t, int worker) {
     if (t + threads < static_cast<int64_t>(tasks.size())) will_need(plans, tasks[static_cast<size_t>(t + threads)]);
     const ReadTask& task = tasks[static_cast<size_t>(t)];
@@ -515,6 +590,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
   if (stats) {
     stats->bytes_read = counters.bytes;
     stats->chunks_read = counters.chunks;
+    stats->bytes_mapped = bytes_mapped;
     stats->target_bytes = target_bytes;
     stats->staging_peak = staging.peak() + kept;
     stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -128,6 +128,15 @@ void ArrayBuilder::share_within(const std::vector<int64_t>& group) {
   }
 }
 
+void ArrayBuilder::adopt(size_t i, MappedBytes mapped) {
+  const int64_t bytes = shards_[i].box.volume() * static_cast<int64_t>(item_size(dtype_));
+  if (!fills(i) || allocations_[i] || mapped.size() != bytes)
+    throw std::logic_error("adopt: shard " + std::to_string(i) + " cannot take " + std::to_string(mapped.size()) +
+                           " mapped bytes");
+  const std::string& charge = label_.empty() ? type_string(dtype_, shape_) : label_;
+  allocations_[i] = std::make_shared<Allocation>(rt_.shared_device(shards_[i].device), std::move(mapped), charge);
+}
+
 void ArrayBuilder::allocate_all() {
   const auto item = static_cast<int64_t>(item_size(dtype_));
   const std::string& charge = label_.empty() ? type_string(dtype_, shape_) : label_;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,6 +100,30 @@ void File::read_exact(int64_t offset, std::span<std::byte> out) const {
 
 void File::will_need(int64_t offset, int64_t size) const noexcept {
   if (size > 0) ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(size), POSIX_FADV_WILLNEED);
+}
+
+std::optional<MappedBytes> File::map(int64_t offset, int64_t size) const {
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  if (page <= 0 || size <= 0 || offset < 0 || offset % 64 != 0 || size > this->size() - offset) return std::nullopt;
+  const int64_t start = offset - offset % page;
+  const auto length = static_cast<size_t>(offset - start + size);
+  void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_, static_cast<off_t>(start));
+  if (base == MAP_FAILED) return std::nullopt;
+  return MappedBytes(base, length, static_cast<std::byte*>(base) + (offset - start), size);
+}
+
+void populate(std::span<const std::byte> mapped, const std::string& where) {
+  if (mapped.empty()) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGE_SIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(mapped.data()) / page * page;
+  const auto end = reinterpret_cast<uintptr_t>(mapped.data()) + mapped.size();
+  while (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EINVAL) return;  // a kernel before 5.14: the pages come in at first use
+    throw IoError("cannot read " + where + " through its mapping: " +
+                  (errno == EFAULT ? std::string("the file is shorter than its mapping (cut while restoring?)")
+                                   : std::string(std::strerror(errno))));
+  }
 }
 
 void File::read_scatter(int64_t offset, std::span<const iovec> buffers) const {

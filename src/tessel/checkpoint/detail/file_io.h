@@ -8,9 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+
+#include "tessel/runtime/detail/allocation.h"
 
 namespace tessel::detail {
 
@@ -39,6 +42,11 @@ class File {
   // without waiting (posix_fadvise WILLNEED): a reader hints its next range so the disk always has
   // requests queued. A hint only: failures are ignored.
   void will_need(int64_t offset, int64_t size) const noexcept;
+  // [offset, offset + size) mapped private and writable (copy-on-write), its pages not yet read
+  // in; nullopt where it cannot be: an offset not 64-byte aligned (a Buffer's alignment), a range
+  // past the file's end, or a system that refuses. For restore, where the bytes of a chunk already
+  // are a device's block: the page cache's pages become the block, with no copy and no fresh memory.
+  std::optional<MappedBytes> map(int64_t offset, int64_t size) const;
   void write_all(std::span<const std::byte> data);
   // All of `data` at `offset` (pwrite): threads may write disjoint ranges of one file at once.
   void write_at(int64_t offset, std::span<const std::byte> data) const;
@@ -58,6 +66,10 @@ class File {
   int fd_ = -1;
   std::filesystem::path path_;
 };
+
+// Reads the pages of mapped file bytes in (MADV_POPULATE_READ), so that a file cut short or a disk
+// error is an IoError naming `where` here and not a SIGBUS at first use.
+void populate(std::span<const std::byte> mapped, const std::string& where);
 
 // fsync of a directory, so a rename or a new entry in it survives a crash.
 void sync_directory(const std::filesystem::path& dir);

@@ -36,6 +36,8 @@ class StoredValue {
   void will_need() const noexcept {
     if (file_) file_->will_need(offset_, size_);
   }
+  // The value mapped copy-on-write (File::map); nullopt for bytes in memory or where it cannot be.
+  std::optional<MappedBytes> map() const { return file_ ? file_->map(offset_, size_) : std::nullopt; }
   // The part [offset, offset + size), checked to lie within.
   StoredValue slice(int64_t offset, int64_t size, std::string where) const;
 

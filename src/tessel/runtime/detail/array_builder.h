@@ -34,6 +34,9 @@ class ArrayBuilder {
   // share_replica among the addressable members of `group` (device ids) with equal boxes, onto
   // the first: for a collective's group, whose members receive equal bytes for equal boxes.
   void share_within(const std::vector<int64_t>& group);
+  // Shard i (one the caller fills) takes `mapped` as its buffer: a file's bytes that already are
+  // its block. Before allocate_all; its replicas may then share it.
+  void adopt(size_t i, MappedBytes mapped);
   // Allocates every addressable shard not shared; replicas get their own account on the bytes
   // of the shard they replicate. Throws OutOfMemoryError.
   void allocate_all();
