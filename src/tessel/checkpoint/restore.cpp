@@ -338,11 +338,10 @@ void read_slabs(const LeafRead& p, const detail::StoredValue& f, const Box& chun
 // is picked after the running ones. Small chunks are left to the kernel's readahead, and chunks
 // inside zarr3 shards too (finding one reads its shard's index, which the task would read again).
 // Errors are the read's to report.
-void will_need(const std::vector<LeafRead>& plans, const ReadTask& task) noexcept {
-  const LeafRead& p = plans[task.param];
+void will_need(const LeafRead& p, std::span<const int64_t> index) noexcept {
   if (p.zarr.chunk_bytes() < (int64_t{1} << 20) || p.zarr.sharded()) return;
   try {
-    if (auto value = locate_chunk(p, task.index, p.zarr.chunk_key(task.index))) value->will_need();
+    if (auto value = locate_chunk(p, index, p.zarr.chunk_key(index))) value->will_need();
   } catch (...) {
   }
 }
@@ -532,7 +531,14 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     if (options.map_chunks) mappable_blocks(plans[pi], pi, candidates);
   }
   const int readers = default_threads(options.readers, 2);
+  // Cold, one file per chunk, the disk needs more reads queued than the mapping threads have
+  // waiting: each hints a chunk two rounds ahead (6 cold restores each: median 1.02 GB/s without,
+  // 1.14 with, the disk itself 1.24 to 1.57).
   run_parallel(static_cast<int64_t>(candidates.size()), readers, [&](int64_t t) {
+    if (t + 2 * readers < static_cast<int64_t>(candidates.size())) {
+      const MappedChunk& next = candidates[static_cast<size_t>(t + 2 * readers)];
+      will_need(plans[next.param], next.index);
+    }
     MappedChunk& m = candidates[static_cast<size_t>(t)];
     map_chunk(plans[m.param], m, options.verify_checksums);
   });
@@ -579,7 +585,10 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
   counters.bytes += bytes_mapped;
   counters.chunks += chunks_mapped;
   run_parallel(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t, int worker) {
-    if (t + threads < static_cast<int64_t>(tasks.size())) will_need(plans, tasks[static_cast<size_t>(t + threads)]);
+    if (t + threads < static_cast<int64_t>(tasks.size())) {
+      const ReadTask& next = tasks[static_cast<size_t>(t + threads)];
+      will_need(plans[next.param], next.index);
+    }
     const ReadTask& task = tasks[static_cast<size_t>(t)];
     run_task(plans[task.param], task, staging, buffers[static_cast<size_t>(worker)], options.verify_checksums, counters);
   });
