@@ -417,6 +417,13 @@ TEST(CheckpointRestore, ChunksThatAreOneBlockDecodeStraightIntoItAndItsReplicas)
     EXPECT_TRUE(std::equal(values.begin(), values.end(), expect.begin()));
   }
   EXPECT_EQ(stats.chunks_read, 4);
+  // A block's two holders share one buffer, each device charged for it.
+  std::map<int64_t, const std::byte*> by_row;
+  for (const Shard& s : got.at("w").array().shards()) {
+    auto [it, fresh] = by_row.emplace(s.box.start(0), s.buffer.data());
+    EXPECT_EQ(it->second, s.buffer.data()) << "device " << s.device;
+  }
+  EXPECT_EQ(stats.target_bytes, 2 * 256 * 64 * 4);
   // Only compressed bytes were staged: no chunk was decoded into a buffer of its own.
   EXPECT_LT(stats.staging_peak, 64 * 64 * 4);
 }

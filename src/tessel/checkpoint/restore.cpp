@@ -80,18 +80,11 @@ class StagingLease {
 };
 
 
-// One local block of a leaf: `data` is written from the chunks, `replicas` (other local copies
-// of the same block) receive the same bytes while they are still in cache.
+// One local block of a leaf, written from the chunks (its other local replicas share its buffer).
 struct Destination {
   std::byte* data;
   Box box;
-  std::vector<std::byte*> replicas;
 };
-
-// Copies `bytes` at byte offset `at` of a destination's block into its other local replicas.
-void copy_to_replicas(const Destination& dst, int64_t at, size_t bytes) {
-  for (std::byte* r : dst.replicas) std::memcpy(r + at, dst.data + at, bytes);
-}
 
 // A worker's reusable host buffer. A restore reads hundreds of chunks; a fresh buffer for each
 // would fault in (and have the kernel clear) every page of it again.
@@ -134,13 +127,13 @@ struct LeafRead : detail::ChunkSource {
   std::vector<Destination> dests;
   std::string kind;
   Partitioning partitioning;
-  std::vector<bool> mapped;  // per shard: its block is a mapped chunk (or a replica of one)
+  std::vector<bool> mapped;  // per shard: its buffer is a mapped chunk
 };
 
 // A block that may map its chunk's file bytes: exactly one uncompressed chunk of its dtype.
 struct MappedChunk {
   size_t param;
-  detail::ArrayBuilder::LocalBlock block;
+  size_t shard;  // the block's first local holder (its local replicas share its buffer)
   std::vector<int64_t> index;
   std::optional<detail::MappedBytes> bytes;  // once mapped, read in and checked
 };
@@ -155,11 +148,11 @@ void mappable_blocks(const LeafRead& p, size_t param, std::vector<MappedChunk>& 
       p.zarr.dtype() != p.target_dtype || p.zarr.chunk_bytes() < kMinMappedBytes) {
     return;
   }
-  for (detail::ArrayBuilder::LocalBlock& block : p.builder->local_blocks()) {
+  for (const detail::ArrayBuilder::LocalBlock& block : p.builder->local_blocks()) {
     const Box& box = p.builder->shard(block.first).box;
     auto indices = p.zarr.chunks_in(box);
     if (indices.size() != 1 || p.zarr.chunk_box(indices.front()) != box || !p.builder->fills(block.first)) continue;
-    out.push_back({param, std::move(block), std::move(indices.front()), std::nullopt});
+    out.push_back({param, block.first, std::move(indices.front()), std::nullopt});
   }
 }
 
@@ -179,15 +172,6 @@ void map_chunk(const LeafRead& p, MappedChunk& m, bool verify) {
   m.bytes.emplace(std::move(*bytes));
 }
 
-// A mapped chunk becomes its block's buffer, shared by the block's other local replicas.
-void adopt_mapped(LeafRead& p, MappedChunk& m) {
-  p.builder->adopt(m.block.first, std::move(*m.bytes));
-  p.mapped[m.block.first] = true;
-  for (size_t r : m.block.replicas) {
-    p.builder->share_replica(r, m.block.first);
-    p.mapped[r] = true;
-  }
-}
 
 // Physical memory: the ceiling for all device buffers of one restore (virtual devices share it).
 const int64_t kMaxRestoreBytes = [] {
@@ -214,7 +198,6 @@ void scatter(const LeafRead& p, const Box& chunk, const std::byte* src, const Re
       } else {
         detail::convert_run(from, src + s * in, to, dst.data + t * out, n);
       }
-      copy_to_replicas(dst, t * out, static_cast<size_t>(n) * out);
     });
   }
 }
@@ -228,7 +211,6 @@ void fill_missing(const LeafRead& p, const Box& chunk, const ReadTask& task) {
     const Destination& dst = p.dests[d];
     for_each_run(chunk.intersect(dst.box), chunk, dst.box, [&](int64_t, int64_t t, int64_t n) {
       for (int64_t i = 0; i < n; ++i) std::memcpy(dst.data + (t + i) * static_cast<int64_t>(item), value.data(), item);
-      copy_to_replicas(dst, t * static_cast<int64_t>(item), static_cast<size_t>(n) * item);
     });
   }
 }
@@ -239,8 +221,8 @@ struct Counters {
 };
 
 // An uncompressed chunk of the target dtype: each destination's runs are read straight into its
-// buffer, consecutive file runs in one preadv of at most kSlabBytes, so that the replica copies
-// and the checksum that follow each read find the bytes in cache.
+// buffer, consecutive file runs in one preadv of at most kSlabBytes, so that the checksum
+// that follows each read finds the bytes in cache.
 void read_ranges(const LeafRead& p, const detail::StoredValue& f, const Box& chunk, const ReadTask& task,
                  const std::string& key, bool verify, Counters& counters) {
   const int64_t item = static_cast<int64_t>(item_size(p.zarr.dtype()));
@@ -260,7 +242,6 @@ void read_ranges(const LeafRead& p, const detail::StoredValue& f, const Box& chu
       for (const iovec& v : iov) {
         auto* at = static_cast<std::byte*>(v.iov_base);
         if (check) crc = detail::crc32c({at, v.iov_len}, crc);
-        copy_to_replicas(dst, at - dst.data, v.iov_len);
       }
       iov.clear();
     };
@@ -399,7 +380,6 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, W
   if (whole) {
     const std::span<std::byte> out(whole->data, static_cast<size_t>(chunk_bytes));
     decompress(p.zarr.compression(), encoded, out, chunk_what(p, key));
-    copy_to_replicas(*whole, 0, out.size());
     return;
   }
   const std::span<std::byte> decoded = buffers.decoded.get(static_cast<size_t>(chunk_bytes), keep, temporary_decoded);
@@ -547,24 +527,23 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     if (!m.bytes) continue;
     bytes_mapped += m.bytes->size();
     chunks_mapped += 1;
-    adopt_mapped(plans[m.param], m);
+    plans[m.param].builder->adopt(m.shard, std::move(*m.bytes));
+    plans[m.param].mapped[m.shard] = true;
   }
-  for (auto& p : plans) p.builder->allocate_all();
-  // One destination per distinct local block (its other local copies ride along as replicas), and
-  // one task per chunk that some destination needs, listing every such destination.
+  // Local replicas of a block share its buffer: written once, stored once, each device charged.
+  for (auto& p : plans) {
+    p.builder->share_local_replicas();
+    p.builder->allocate_all();
+  }
+  // One destination per distinct local block not mapped, and one task per chunk that some
+  // destination needs, listing every such destination.
   std::vector<ReadTask> tasks;
   for (size_t pi = 0; pi < plans.size(); ++pi) {
     LeafRead& p = plans[pi];
-    std::map<std::vector<int64_t>, size_t> by_block;  // block start -> destination
     for (size_t i = 0; i < p.builder->size(); ++i) {
       const Shard& s = p.builder->shard(i);
-      if (!p.builder->addressable(i) || s.box.empty() || p.mapped[i]) continue;
-      auto [it, fresh] = by_block.emplace(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()), p.dests.size());
-      if (fresh) {
-        p.dests.push_back({p.builder->data(i), s.box, {}});
-      } else {
-        p.dests[it->second].replicas.push_back(p.builder->data(i));
-      }
+      if (!p.builder->fills(i) || s.box.empty() || p.mapped[i]) continue;
+      p.dests.push_back({p.builder->data(i), s.box});
     }
     std::map<std::vector<int64_t>, size_t> by_chunk;
     for (size_t d = 0; d < p.dests.size(); ++d) {
