@@ -127,7 +127,6 @@ struct LeafRead : detail::ChunkSource {
   std::vector<Destination> dests;
   std::string kind;
   Partitioning partitioning;
-  std::vector<bool> mapped;  // per shard: its buffer is a mapped chunk
 };
 
 // A block that may map its chunk's file bytes: exactly one uncompressed chunk of its dtype.
@@ -484,7 +483,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     const DType dtype = want ? want->dtype() : z.dtype();
     const bool allow_missing = !item.store_array_data_equal_to_fill_value && z.fill_value().has_value();
     LeafRead plan{{path, meta, &store, key_prefix(*meta), z}, dtype, allow_missing, nullptr, {}, want ? want->kind() : meta->kind,
-                   want && !want->partitioning().empty() ? want->partitioning() : meta->partitioning, {}};
+                   want && !want->partitioning().empty() ? want->partitioning() : meta->partitioning};
     plan.builder = std::make_unique<detail::ArrayBuilder>(rt, z.shape(), dtype, sharding, path);
     plans.push_back(std::move(plan));
   }
@@ -506,9 +505,8 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
   // Blocks that are one uncompressed chunk each map it (their pages read in, the I/O in parallel);
   // every other block gets fresh memory and is read below.
   std::vector<MappedChunk> candidates;
-  for (size_t pi = 0; pi < plans.size(); ++pi) {
-    plans[pi].mapped.assign(plans[pi].builder->size(), false);
-    if (options.map_chunks) mappable_blocks(plans[pi], pi, candidates);
+  if (options.map_chunks) {
+    for (size_t pi = 0; pi < plans.size(); ++pi) mappable_blocks(plans[pi], pi, candidates);
   }
   const int readers = default_threads(options.readers, 2);
   // Cold, one file per chunk, the disk needs more reads queued than the mapping threads have
@@ -528,7 +526,6 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     bytes_mapped += m.bytes->size();
     chunks_mapped += 1;
     plans[m.param].builder->adopt(m.shard, std::move(*m.bytes));
-    plans[m.param].mapped[m.shard] = true;
   }
   // Local replicas of a block share its buffer: written once, stored once, each device charged.
   for (auto& p : plans) {
@@ -542,7 +539,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     LeafRead& p = plans[pi];
     for (size_t i = 0; i < p.builder->size(); ++i) {
       const Shard& s = p.builder->shard(i);
-      if (!p.builder->fills(i) || s.box.empty() || p.mapped[i]) continue;
+      if (!p.builder->fills(i) || s.box.empty()) continue;
       p.dests.push_back({p.builder->data(i), s.box});
     }
     std::map<std::vector<int64_t>, size_t> by_chunk;

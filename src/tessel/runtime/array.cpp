@@ -93,6 +93,7 @@ ArrayBuilder::ArrayBuilder(Runtime rt, Shape shape, DType dtype, NamedSharding s
   }
   allocations_.resize(shards_.size());
   replica_of_.assign(shards_.size(), kNone);
+  adopted_.assign(shards_.size(), false);
 }
 
 void ArrayBuilder::share_replica(size_t i, size_t of) {
@@ -135,6 +136,7 @@ void ArrayBuilder::adopt(size_t i, MappedBytes mapped) {
                            " mapped bytes");
   const std::string& charge = label_.empty() ? type_string(dtype_, shape_) : label_;
   allocations_[i] = std::make_shared<Allocation>(rt_.shared_device(shards_[i].device), std::move(mapped), charge);
+  adopted_[i] = true;
 }
 
 void ArrayBuilder::allocate_all() {

@@ -35,14 +35,14 @@ class ArrayBuilder {
   // the first: for a collective's group, whose members receive equal bytes for equal boxes.
   void share_within(const std::vector<int64_t>& group);
   // Shard i (one the caller fills) takes `mapped` as its buffer: a file's bytes that already are
-  // its block. Before allocate_all; its replicas may then share it.
+  // its block, so the caller no longer fills it. Before allocate_all; its replicas may share it.
   void adopt(size_t i, MappedBytes mapped);
   // Allocates every addressable shard not shared; replicas get their own account on the bytes
   // of the shard they replicate. Throws OutOfMemoryError.
   void allocate_all();
   bool is_replica(size_t i) const { return replica_of_[i] != kNone; }
-  // Whether the caller writes shard i: addressable, neither shared nor a replica.
-  bool fills(size_t i) const { return addressable_[i] && !is_shared(i) && !is_replica(i); }
+  // Whether the caller writes shard i: addressable, neither shared, a replica nor adopted.
+  bool fills(size_t i) const { return addressable_[i] && !is_shared(i) && !is_replica(i) && !adopted_[i]; }
   // Where shard i's bytes are (a replica's are its original's); null before allocate_all.
   std::byte* data(size_t i) const { return allocations_[i] ? allocations_[i]->data() : nullptr; }
   // Each non-empty block this process holds: its first addressable holder and the other local
@@ -65,6 +65,7 @@ class ArrayBuilder {
   std::vector<std::shared_ptr<Allocation>> allocations_;
   static constexpr size_t kNone = static_cast<size_t>(-1);
   std::vector<size_t> replica_of_;  // kNone, or the shard whose bytes shard i shares
+  std::vector<bool> adopted_;       // shard i's buffer came from adopt()
 };
 
 }  // namespace tessel::detail
