@@ -97,7 +97,7 @@ TEST(Safetensors, FileLayoutIsTheFormats) {
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
-  EXPECT_EQ((8 + n) % 8, 0u) << "data starts 8-byte aligned";
+  EXPECT_EQ((8 + n) % 64, 0u) << "data starts 64-byte aligned (the format asks for 8)";
   const auto header = nlohmann::json::parse(bytes.substr(8, n));
   EXPECT_EQ(header["__metadata__"]["format"], "pt");
   // The wider dtype first, so each tensor is aligned to its item size.
@@ -115,6 +115,42 @@ TEST(Safetensors, FileLayoutIsTheFormats) {
   dotted.insert("a.b/c", Variable(kParam, device_put(rt, testing::iota({2}), NamedSharding(mesh, {}))));
   EXPECT_THAT([&] { save_safetensors(tmp.path() / "dotted", dotted); },
               ::testing::ThrowsMessage<ValueError>(HasSubstr("'a.b' holds a '.'")));
+}
+
+// The writer pads each header so the data starts 64-byte aligned, whatever the header's length:
+// a tensor at a multiple of 64 in the data (the first one at least) restores by mapping the file's
+// bytes when a block is the whole tensor, as loading a model onto one device or replicated does.
+TEST(Safetensors, TensorsAtAlignedOffsetsRestoreMapped) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(20261128);
+  const HostArray big = testing::random_host(rng, Shape{512, 1024}, DType::kF32);  // 2 MiB
+  const HostArray odd = testing::random_host(rng, Shape{301}, DType::kF32);
+  const HostArray after = testing::random_host(rng, Shape{1024, 256}, DType::kF32);  // 1 MiB, after `odd`
+  const Mesh mesh = Mesh::parse("x=2");
+  for (int iter = 0; iter < 6; ++iter) {
+    TempDir tmp;
+    State state;  // f32 tensors in name order: "a.big" at 0, "b.odd" at 2 MiB, "c.after" 301 floats later
+    state.insert("a/big", Variable(kParam, device_put(rt, big, NamedSharding(mesh, {{"x"}}))));
+    state.insert("b/odd", Variable(kParam, device_put(rt, odd, NamedSharding(mesh, {}))));
+    state.insert("c/after", Variable(kParam, device_put(rt, after, NamedSharding(mesh, {}))));
+    // Metadata of every length mod 64 moves where an unpadded data section would start.
+    save_safetensors(tmp.path() / "out", state, {.metadata = {{"note", std::string(rng() % 200, 'x')}}});
+    const fs::path file = tmp.path() / "out" / "model.safetensors";
+    std::ifstream in(file, std::ios::binary);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(in.get())) << (8 * i);
+    EXPECT_EQ((8 + n) % 64, 0u) << iter;
+    State target;  // every tensor whole on every device of data=8
+    const Mesh data8 = Mesh::parse("data=8");
+    for (const auto& [path, h] : {std::pair{"a/big", &big}, {"b/odd", &odd}, {"c/after", &after}})
+      target.insert(path, Variable::abstract(kParam, h->shape(), DType::kF32, NamedSharding(data8, {})));
+    RestoreStats stats;
+    const State got = restore(rt, file, target, {}, &stats);
+    EXPECT_EQ(stats.bytes_mapped, int64_t{2} << 20) << "the first tensor maps; the one after 301 floats cannot";
+    EXPECT_EQ(to_host(got.at("a/big").array()), big);
+    EXPECT_EQ(to_host(got.at("b/odd").array()), odd);
+    EXPECT_EQ(to_host(got.at("c/after").array()), after);
+  }
 }
 
 std::string header_file(const std::string& json, const std::string& data) {

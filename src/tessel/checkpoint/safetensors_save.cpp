@@ -41,7 +41,7 @@ struct Placed {
 
 struct Layout {
   std::vector<std::string> files;
-  std::vector<std::string> headers;  // per file, padded so the data starts 8-byte aligned
+  std::vector<std::string> headers;  // per file, padded with spaces so the data starts 64-byte aligned
   std::vector<int64_t> data_bytes;
   std::vector<Placed> tensors;
 };
@@ -92,7 +92,9 @@ Layout plan_files(const std::vector<std::tuple<std::string, Shape, DType>>& arra
                                {"data_offsets", {t.begin, t.begin + t.bytes}}};
   for (size_t f = 0; f < n; ++f) {
     std::string text = json_util::dump(headers[f]);
-    text.append((8 - text.size() % 8) % 8, ' ');
+    // The format asks for 8; 64 (a device buffer's alignment) lets a restore map the first
+    // tensor's bytes, and each later one whose offset is a multiple of 64 (RestoreOptions::map_chunks).
+    text.append((64 - (8 + text.size()) % 64) % 64, ' ');
     l.headers.push_back(std::move(text));
   }
   l.data_bytes = std::move(sizes);
