@@ -533,6 +533,59 @@ TEST(CheckpointRestore, MappedChunksAreCheckedLikeReadOnes) {
               ::testing::ThrowsMessage<ValueError>(HasSubstr("an uncompressed chunk of")));
 }
 
+// A shard above max_chunk_bytes is saved as several chunks; when they are runs of the block's
+// rows (whole pages each), the restore maps them side by side into one buffer.
+TEST(CheckpointRestore, BlocksOfSeveralChunksMapThemSideBySide) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(20261129);
+  const Mesh x2 = Mesh::parse("x=2");
+  const HostArray rows = random_host(rng, Shape{2048, 1024}, DType::kF32);       // 4 chunks of 256 rows a block
+  const HostArray planes = random_host(rng, Shape{2, 1024, 512}, DType::kF32);   // [1, 512, 512] chunks
+  const HostArray columns = random_host(rng, Shape{1024, 2048}, DType::kF32);    // [1024, 256]: not runs
+  const HostArray ragged = random_host(rng, Shape{1200, 1001}, DType::kF32);     // [300, 1001]: not whole pages
+  for (bool ocdbt : {false, true}) {
+    SCOPED_TRACE(ocdbt ? "ocdbt" : "files");
+    TempDir tmp;
+    State state;
+    state.insert("rows", Variable(kParam, device_put(rt, rows, NamedSharding(x2, {{"x"}}))));
+    state.insert("planes", Variable(kParam, device_put(rt, planes, NamedSharding(x2, {{"x"}}))));
+    state.insert("columns", Variable(kParam, device_put(rt, columns, NamedSharding(x2, {{}, {"x"}}))));
+    state.insert("ragged", Variable(kParam, device_put(rt, ragged, NamedSharding(x2, {{"x"}}))));
+    save(tmp.path() / "c", state, {.use_ocdbt = ocdbt, .max_chunk_bytes = int64_t{3} << 19});
+    State target;  // the saved shardings, each block held by 4 devices
+    const Mesh mesh = Mesh::parse("data=4,x=2");
+    target.insert("rows", Variable::abstract(kParam, {2048, 1024}, DType::kF32, NamedSharding(mesh, {{"x"}})));
+    target.insert("planes", Variable::abstract(kParam, {2, 1024, 512}, DType::kF32, NamedSharding(mesh, {{"x"}})));
+    target.insert("columns", Variable::abstract(kParam, {1024, 2048}, DType::kF32, NamedSharding(mesh, {{}, {"x"}})));
+    target.insert("ragged", Variable::abstract(kParam, {1200, 1001}, DType::kF32, NamedSharding(mesh, {{"x"}})));
+    RestoreStats stats;
+    const State got = restore(rt, tmp.path() / "c", target, {}, &stats);
+    EXPECT_EQ(stats.bytes_mapped, int64_t{12} << 20) << "rows and planes; columns and ragged are read";
+    EXPECT_EQ(to_host(got.at("rows").array()), rows);
+    EXPECT_EQ(to_host(got.at("planes").array()), planes);
+    EXPECT_EQ(to_host(got.at("columns").array()), columns);
+    EXPECT_EQ(to_host(got.at("ragged").array()), ragged);
+    for (const Shard& s : got.at("rows").array().shards())
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(s.buffer.data()) % 4096, 0u);
+    // Each chunk of a mapped block is checked: one flipped byte in the third chunk of a block.
+    if (!ocdbt) {
+      const fs::path chunk = tmp.path() / "c" / "rows" / "2.0";
+      ASSERT_TRUE(fs::exists(chunk));
+      {
+        std::fstream f(chunk, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(777);
+        f.put(static_cast<char>(~f.peek()));
+      }
+      EXPECT_THAT([&] { restore(rt, tmp.path() / "c", target); },
+                  ::testing::ThrowsMessage<ValueError>(HasSubstr("CRC-32C mismatch")));
+      // A chunk cut short keeps its block unmapped, and the read reports it.
+      fs::resize_file(chunk, (int64_t{1} << 20) - 4096);
+      EXPECT_THAT([&] { restore(rt, tmp.path() / "c", target); },
+                  ::testing::ThrowsMessage<ValueError>(HasSubstr("an uncompressed chunk of")));
+    }
+  }
+}
+
 TEST(CheckpointRestore, ColumnBlocksOfRowChunksAreReadOnceInSlabs) {
   Runtime rt = Runtime::host(8);
   TempDir tmp;

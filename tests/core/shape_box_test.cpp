@@ -1,3 +1,5 @@
+#include <random>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -70,6 +72,41 @@ TEST(Box, OffsetsAreRowMajorWithinTheBox) {
   Box inner({2, 5}, {4, 7});
   EXPECT_EQ(inner.relative_to(a), Box({2, 1}, {4, 3}));
   EXPECT_THROW(a.relative_to(inner), ValueError);
+}
+
+// run_offset against brute force: the offsets of every element of a random inner box in the
+// outer box's buffer, which are one run exactly when run_offset says so.
+TEST(Box, RunOffsetIsWhereAnInnerBoxIsOneRun) {
+  std::mt19937 rng(11);
+  int runs = 0;
+  for (int iter = 0; iter < 2000; ++iter) {
+    const size_t rank = 1 + rng() % 4;
+    std::vector<int64_t> start(rank), stop(rank), in_start(rank), in_stop(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      start[d] = rng() % 3;
+      stop[d] = start[d] + 1 + rng() % 4;
+      in_start[d] = start[d] + rng() % (stop[d] - start[d]);
+      in_stop[d] = rng() % 3 == 0 ? stop[d] : in_start[d] + 1 + rng() % (stop[d] - in_start[d]);
+    }
+    const Box outer(start, stop), inner(in_start, in_stop);
+    std::vector<int64_t> offsets, point(in_start);
+    for (int64_t i = 0; i < inner.volume(); ++i) {
+      offsets.push_back(outer.offset_of(point));
+      for (size_t d = rank; d-- > 0;) {
+        if (++point[d] < in_stop[d]) break;
+        point[d] = in_start[d];
+      }
+    }
+    const bool one_run = offsets.back() - offsets.front() + 1 == inner.volume();
+    runs += one_run;
+    EXPECT_EQ(outer.run_offset(inner), one_run ? std::optional<int64_t>(offsets.front()) : std::nullopt)
+        << inner.to_string() << " in " << outer.to_string();
+  }
+  EXPECT_GT(runs, 200);
+  EXPECT_LT(runs, 1800);
+  EXPECT_EQ(Box({0}, {4}).run_offset(Box({3}, {5})), std::nullopt);  // not inside
+  EXPECT_EQ(Box({0}, {4}).run_offset(Box({2}, {2})), std::nullopt);  // empty
+  EXPECT_EQ(Box().run_offset(Box()), 0);
 }
 
 TEST(Box, RankZeroBoxIsTheScalarElement) {

@@ -129,48 +129,74 @@ struct LeafRead : detail::ChunkSource {
   Partitioning partitioning;
 };
 
-// A block that may map its chunk's file bytes: exactly one uncompressed chunk of its dtype.
-struct MappedChunk {
+// A block that may map its chunks' file bytes: uncompressed chunks of its dtype that lie side by
+// side in the block's buffer, in order (one chunk, or runs of rows of a shard split into chunks).
+struct MappedBlock {
   size_t param;
   size_t shard;  // the block's first local holder (its local replicas share its buffer)
-  std::vector<int64_t> index;
+  std::vector<std::vector<int64_t>> chunks;  // in the order of their bytes in the block
   std::optional<detail::MappedBytes> bytes;  // once mapped, read in and checked
 };
 
 // Below this, reading into the device's cached blocks costs less than a mapping per chunk.
 constexpr int64_t kMinMappedBytes = int64_t{1} << 20;
 
-// The blocks of `p` that are exactly one chunk whose stored bytes are the block's layout
-// (RestoreOptions::map_chunks): found from the metadata alone, no file opened yet.
-void mappable_blocks(const LeafRead& p, size_t param, std::vector<MappedChunk>& out) {
+// The blocks of `p` whose stored chunks, side by side, are the block's bytes
+// (RestoreOptions::map_chunks): found from the metadata alone, no file opened yet. A block of
+// several chunks is mapped chunk by chunk into one range, so each chunk must be whole pages.
+void mappable_blocks(const LeafRead& p, size_t param, std::vector<MappedBlock>& out) {
+  const int64_t chunk_bytes = p.zarr.chunk_bytes();
   if (p.zarr.compression().kind != Compression::Kind::kNone || p.zarr.chunk_checksum() || p.zarr.sharded() ||
-      p.zarr.dtype() != p.target_dtype || p.zarr.chunk_bytes() < kMinMappedBytes) {
+      p.zarr.dtype() != p.target_dtype || chunk_bytes < kMinMappedBytes) {
     return;
   }
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  const int64_t chunk_elements = chunk_bytes / static_cast<int64_t>(item_size(p.target_dtype));
   for (const detail::ArrayBuilder::LocalBlock& block : p.builder->local_blocks()) {
     const Box& box = p.builder->shard(block.first).box;
+    if (!p.builder->fills(block.first)) continue;
     auto indices = p.zarr.chunks_in(box);
-    if (indices.size() != 1 || p.zarr.chunk_box(indices.front()) != box || !p.builder->fills(block.first)) continue;
-    out.push_back({param, block.first, std::move(indices.front()), std::nullopt});
+    if (indices.empty() || (indices.size() > 1 && (page <= 0 || chunk_bytes % page != 0))) continue;
+    // Chunk k must be the k-th run of the block's elements.
+    bool side_by_side = true;
+    for (size_t k = 0; k < indices.size() && side_by_side; ++k)
+      side_by_side = box.run_offset(p.zarr.chunk_box(indices[k])) == static_cast<int64_t>(k) * chunk_elements;
+    if (!side_by_side || static_cast<int64_t>(indices.size()) * chunk_elements != box.volume()) continue;
+    out.push_back({param, block.first, std::move(indices), std::nullopt});
   }
 }
 
-// Maps a candidate's chunk, reads its pages in (from the disk when they are not cached) and
-// compares them with the saved CRC-32C. A chunk that is absent, of the wrong size or cannot be
-// mapped stays unmapped: the reads take it and report what is wrong with it.
-void map_chunk(const LeafRead& p, MappedChunk& m, bool verify) {
-  const std::string key = p.zarr.chunk_key(m.index);
-  const std::optional<detail::StoredValue> value = locate_chunk(p, m.index, key);
-  if (!value || value->size() != p.zarr.chunk_bytes()) return;
-  std::optional<detail::MappedBytes> bytes = value->map();
+// Maps a candidate's chunks, reads their pages in (from the disk when they are not cached) and
+// compares each with its saved CRC-32C. A block with a chunk that is absent, of the wrong size or
+// cannot be mapped stays unmapped: the reads take it and report what is wrong with it.
+void map_block(const LeafRead& p, MappedBlock& m, bool verify) {
+  std::vector<detail::StoredValue> values;
+  std::vector<std::string> keys;
+  for (const auto& index : m.chunks) {
+    std::string key = p.zarr.chunk_key(index);
+    std::optional<detail::StoredValue> value = locate_chunk(p, index, key);
+    if (!value || value->size() != p.zarr.chunk_bytes()) return;
+    values.push_back(std::move(*value));
+    keys.push_back(std::move(key));
+  }
+  const int64_t chunk_bytes = p.zarr.chunk_bytes();
+  std::optional<detail::MappedBytes> bytes = [&]() -> std::optional<detail::MappedBytes> {
+    if (values.size() == 1) return values.front().map();
+    std::optional<detail::MappedBytes> range = detail::reserve_mapping(chunk_bytes * static_cast<int64_t>(values.size()));
+    for (size_t k = 0; k < values.size() && range; ++k)
+      if (!values[k].map_into(range->data() + static_cast<int64_t>(k) * chunk_bytes)) return std::nullopt;
+    return range;
+  }();
   if (!bytes) return;
-  const std::span<const std::byte> view(bytes->data(), static_cast<size_t>(bytes->size()));
-  value->will_need();
-  detail::populate(view, chunk_what(p, key));
-  if (verify && p.meta->crc32c.contains(key)) check_crc(p, key, detail::crc32c(view));
+  for (const detail::StoredValue& value : values) value.will_need();
+  for (size_t k = 0; k < values.size(); ++k) {
+    const std::span<const std::byte> view(bytes->data() + static_cast<int64_t>(k) * chunk_bytes,
+                                          static_cast<size_t>(chunk_bytes));
+    detail::populate(view, chunk_what(p, keys[k]));
+    if (verify && p.meta->crc32c.contains(keys[k])) check_crc(p, keys[k], detail::crc32c(view));
+  }
   m.bytes.emplace(std::move(*bytes));
 }
-
 
 // Physical memory: the ceiling for all device buffers of one restore (virtual devices share it).
 const int64_t kMaxRestoreBytes = [] {
@@ -502,9 +528,9 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
       target_bytes += n;
     }
   }
-  // Blocks that are one uncompressed chunk each map it (their pages read in, the I/O in parallel);
-  // every other block gets fresh memory and is read below.
-  std::vector<MappedChunk> candidates;
+  // Blocks whose uncompressed chunks lie side by side in them map them (their pages read in, the
+  // I/O in parallel); every other block gets fresh memory and is read below.
+  std::vector<MappedBlock> candidates;
   if (options.map_chunks) {
     for (size_t pi = 0; pi < plans.size(); ++pi) mappable_blocks(plans[pi], pi, candidates);
   }
@@ -514,17 +540,17 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
   // 1.14 with, the disk itself 1.24 to 1.57).
   run_parallel(static_cast<int64_t>(candidates.size()), readers, [&](int64_t t) {
     if (t + 2 * readers < static_cast<int64_t>(candidates.size())) {
-      const MappedChunk& next = candidates[static_cast<size_t>(t + 2 * readers)];
-      will_need(plans[next.param], next.index);
+      const MappedBlock& next = candidates[static_cast<size_t>(t + 2 * readers)];
+      for (const auto& index : next.chunks) will_need(plans[next.param], index);
     }
-    MappedChunk& m = candidates[static_cast<size_t>(t)];
-    map_chunk(plans[m.param], m, options.verify_checksums);
+    MappedBlock& m = candidates[static_cast<size_t>(t)];
+    map_block(plans[m.param], m, options.verify_checksums);
   });
   int64_t bytes_mapped = 0, chunks_mapped = 0;
-  for (MappedChunk& m : candidates) {
+  for (MappedBlock& m : candidates) {
     if (!m.bytes) continue;
     bytes_mapped += m.bytes->size();
-    chunks_mapped += 1;
+    chunks_mapped += static_cast<int64_t>(m.chunks.size());
     plans[m.param].builder->adopt(m.shard, std::move(*m.bytes));
   }
   // Local replicas of a block share its buffer: written once, stored once, each device charged.

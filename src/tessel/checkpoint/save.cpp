@@ -205,18 +205,6 @@ ItemLayout layout_of(const fs::path& item_dir, const StagedState& staged, const 
 
 namespace {
 
-// (first element, element count) of `chunk` within `block` when the chunk is a run of whole rows
-// of the block (it differs only in the first dimension and lies inside): written without a copy.
-std::optional<std::pair<int64_t, int64_t>> contiguous_rows(const Box& chunk, const Box& block) {
-  if (chunk.rank() == 0 || chunk.start(0) < block.start(0) || chunk.stop(0) > block.stop(0)) return std::nullopt;
-  int64_t row = 1;
-  for (size_t d = 1; d < chunk.rank(); ++d) {
-    if (chunk.start(d) != block.start(d) || chunk.stop(d) != block.stop(d)) return std::nullopt;
-    row *= block.extent(d);
-  }
-  return std::pair{(chunk.start(0) - block.start(0)) * row, chunk.extent(0) * row};
-}
-
 // Writes every chunk of `p`'s blocks (this process's) through `out`, in parallel, recording each
 // chunk's CRC-32C in `record`.
 void write_chunks(ItemWriter& out, const StagedState::Impl::Param& p, const ZarrArray& z, ParamRecord& record,
@@ -243,9 +231,9 @@ void write_chunks(ItemWriter& out, const StagedState::Impl::Param& p, const Zarr
     std::vector<std::byte> gathered;
     if (chunk == block.box) {
       raw = block.bytes;  // the usual case: the chunk is the shard, written straight from it
-    } else if (const auto rows = contiguous_rows(chunk, block.box)) {
-      raw = block.bytes.subspan(static_cast<size_t>(rows->first * static_cast<int64_t>(item)),
-                                static_cast<size_t>(rows->second * static_cast<int64_t>(item)));  // rows of it
+    } else if (const auto first = block.box.run_offset(chunk)) {
+      raw = block.bytes.subspan(static_cast<size_t>(*first * static_cast<int64_t>(item)),
+                                static_cast<size_t>(chunk.volume() * static_cast<int64_t>(item)));  // one run of it
     } else {
       // A sub-chunk of a large shard, or an edge chunk (zarr stores it padded to the full shape).
       gathered.assign(static_cast<size_t>(z.chunk_bytes()), std::byte{0});

@@ -90,6 +90,16 @@ int64_t Box::offset_of(std::span<const int64_t> point) const {
   return offset;
 }
 
+std::optional<int64_t> Box::run_offset(const Box& inner) const {
+  check_rank(inner.rank(), "box");
+  if (inner.empty() || !contains(inner)) return std::nullopt;
+  size_t d = 0;
+  while (d + 1 < rank() && inner.extent(d) == 1) ++d;
+  for (size_t e = d + 1; e < rank(); ++e)
+    if (inner.start(e) != start(e) || inner.stop(e) != stop(e)) return std::nullopt;
+  return offset_of(inner.starts());
+}
+
 Box Box::relative_to(const Box& outer) const {
   check_rank(outer.rank(), "box");
   bool inside = true;

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ class Box {
   bool contains(const Box& other) const;  // an empty box is contained in any box of its rank
   // Row-major offset of a point (global coordinates) in a buffer holding exactly this box.
   int64_t offset_of(std::span<const int64_t> point) const;
+  // Where `inner` lies in a buffer holding exactly this box, when its elements there are one
+  // run (leading dimensions of extent 1, then one partial dimension, then whole ones): the run's
+  // first element. nullopt when `inner` is empty, not inside, or spread over several runs.
+  std::optional<int64_t> run_offset(const Box& inner) const;
   // This box in the coordinates of `outer` (which must contain it).
   Box relative_to(const Box& outer) const;
 

@@ -112,6 +112,24 @@ std::optional<MappedBytes> File::map(int64_t offset, int64_t size) const {
   return MappedBytes(base, length, static_cast<std::byte*>(base) + (offset - start), size);
 }
 
+bool File::map_into(std::byte* at, int64_t offset, int64_t size) const {
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  if (page <= 0 || size <= 0 || offset < 0 || offset % page != 0 || reinterpret_cast<uintptr_t>(at) % page != 0 ||
+      size > this->size() - offset) {
+    return false;
+  }
+  void* got = ::mmap(at, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd_,
+                     static_cast<off_t>(offset));
+  return got == at;
+}
+
+std::optional<MappedBytes> reserve_mapping(int64_t size) {
+  if (size <= 0) return std::nullopt;
+  void* base = ::mmap(nullptr, static_cast<size_t>(size), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return std::nullopt;
+  return MappedBytes(base, static_cast<size_t>(size), static_cast<std::byte*>(base), size);
+}
+
 void populate(std::span<const std::byte> mapped, const std::string& where) {
   if (mapped.empty()) return;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGE_SIZE));

@@ -47,6 +47,11 @@ class File {
   // past the file's end, or a system that refuses. For restore, where the bytes of a chunk already
   // are a device's block: the page cache's pages become the block, with no copy and no fresh memory.
   std::optional<MappedBytes> map(int64_t offset, int64_t size) const;
+  // The same, placed at `at`: a page boundary inside a range from reserve_mapping that the caller
+  // owns (MAP_FIXED replaces what is there), so that the chunks of one block lie side by side.
+  // false where it cannot be: an offset not on a page boundary, a range past the file's end, or a
+  // system that refuses.
+  bool map_into(std::byte* at, int64_t offset, int64_t size) const;
   void write_all(std::span<const std::byte> data);
   // All of `data` at `offset` (pwrite): threads may write disjoint ranges of one file at once.
   void write_at(int64_t offset, std::span<const std::byte> data) const;
@@ -66,6 +71,10 @@ class File {
   int fd_ = -1;
   std::filesystem::path path_;
 };
+
+// `size` bytes of address space, page aligned, backed by nothing yet (PROT_NONE) for File::map_into
+// to fill; nullopt where the system refuses.
+std::optional<MappedBytes> reserve_mapping(int64_t size);
 
 // Reads the pages of mapped file bytes in (MADV_POPULATE_READ), so that a file cut short or a disk
 // error is an IoError naming `where` here and not a SIGBUS at first use.

@@ -38,6 +38,8 @@ class StoredValue {
   }
   // The value mapped copy-on-write (File::map); nullopt for bytes in memory or where it cannot be.
   std::optional<MappedBytes> map() const { return file_ ? file_->map(offset_, size_) : std::nullopt; }
+  // The value mapped at `at`, inside a reserve_mapping range (File::map_into); false where it cannot be.
+  bool map_into(std::byte* at) const { return file_ && file_->map_into(at, offset_, size_); }
   // The part [offset, offset + size), checked to lie within.
   StoredValue slice(int64_t offset, int64_t size, std::string where) const;
 
