@@ -159,8 +159,9 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     if (mode == "raw" && argc == 4) {
       j = raw(argv[2], std::stoll(argv[3]));
-    } else if (mode == "save" && (argc == 5 || argc == 6)) {
-      const std::string layout = argc == 6 ? argv[5] : "ocdbt";
+    } else if (mode == "save" && argc >= 5 && argc <= 7) {
+      const std::string layout = argc >= 6 ? argv[5] : "ocdbt";
+      const int64_t max_chunk_bytes = argc == 7 ? std::stoll(argv[6]) << 20 : int64_t{64} << 20;
       tessel::Runtime rt = tessel::Runtime::host(8);
       tessel::State s = make_state(rt, std::stoll(argv[3]));
       fs::remove_all(argv[2]);
@@ -171,12 +172,14 @@ int main(int argc, char** argv) {
                    {.compression = tessel::Compression::parse(argv[4]),
                     .use_ocdbt = layout.starts_with("ocdbt"),
                     .use_zarr3 = layout.ends_with("zarr3"),
+                    .max_chunk_bytes = max_chunk_bytes,
                     .rules = rules()});
       const double sec = since(t0);
       j = {{"bytes", s.nbytes()}, {"seconds", sec}, {"gbps", static_cast<double>(s.nbytes()) / sec / 1e9},
            {"rss_before", before}, {"peak_rss", peak_rss()}};
-    } else if (mode == "restore" && (argc == 4 || argc == 5)) {
-      const int readers = argc == 5 ? std::stoi(argv[4]) : 0;
+    } else if (mode == "restore" && argc >= 4 && argc <= 6) {
+      const int readers = argc >= 5 ? std::stoi(argv[4]) : 0;
+      const bool map_chunks = argc != 6 || std::string(argv[5]) != "copy";
       const tessel::Mesh mesh = tessel::Mesh::parse(argv[3], rules().mesh_axes());
       tessel::Runtime rt = tessel::Runtime::host(mesh.device_count());
       tessel::State target;
@@ -188,7 +191,7 @@ int main(int argc, char** argv) {
       tessel::RestoreStats stats;
       prime_memory();
       auto t0 = Clock::now();
-      tessel::State s = tessel::restore(rt, argv[2], target, {.readers = readers}, &stats);
+      tessel::State s = tessel::restore(rt, argv[2], target, {.readers = readers, .map_chunks = map_chunks}, &stats);
       const double sec = since(t0);
       const int64_t bytes = s.nbytes();
       j = {{"bytes", bytes}, {"seconds", sec}, {"gbps", static_cast<double>(bytes) / sec / 1e9},
@@ -198,11 +201,12 @@ int main(int argc, char** argv) {
       // device memory the first restore freed (the devices cache freed blocks), no new pages.
       s = tessel::State();
       t0 = Clock::now();
-      s = tessel::restore(rt, argv[2], target, {.readers = readers});
+      s = tessel::restore(rt, argv[2], target, {.readers = readers, .map_chunks = map_chunks});
       j["warm_seconds"] = since(t0);
       j["warm_gbps"] = static_cast<double>(bytes) / j["warm_seconds"].get<double>() / 1e9;
     } else {
-      std::cerr << "usage: bench_checkpoint raw DIR BYTES | save DIR BYTES CODEC [LAYOUT] | restore DIR MESH [READERS]\n";
+      std::cerr << "usage: bench_checkpoint raw DIR BYTES | save DIR BYTES CODEC [LAYOUT [MAX_CHUNK_MIB]] | "
+                   "restore DIR MESH [READERS [map|copy]]\n";
       return 2;
     }
     std::cout << j.dump() << "\n";
