@@ -135,7 +135,8 @@ struct MappedBlock {
   size_t param;
   size_t shard;  // the block's first local holder (its local replicas share its buffer)
   std::vector<std::vector<int64_t>> chunks;  // in the order of their bytes in the block
-  std::optional<detail::MappedBytes> bytes;  // once mapped, read in and checked
+  std::vector<detail::StoredValue> values;   // the chunks' stored bytes, once located
+  std::optional<detail::MappedBytes> bytes;  // once mapped; read in and checked chunk by chunk
 };
 
 // Below this, reading into the device's cached blocks costs less than a mapping per chunk.
@@ -162,24 +163,21 @@ void mappable_blocks(const LeafRead& p, size_t param, std::vector<MappedBlock>& 
     for (size_t k = 0; k < indices.size() && side_by_side; ++k)
       side_by_side = box.run_offset(p.zarr.chunk_box(indices[k])) == static_cast<int64_t>(k) * chunk_elements;
     if (!side_by_side || static_cast<int64_t>(indices.size()) * chunk_elements != box.volume()) continue;
-    out.push_back({param, block.first, std::move(indices), std::nullopt});
+    out.push_back({param, block.first, std::move(indices), {}, std::nullopt});
   }
 }
 
-// Maps a candidate's chunks, reads their pages in (from the disk when they are not cached) and
-// compares each with its saved CRC-32C. A block with a chunk that is absent, of the wrong size or
-// cannot be mapped stays unmapped: the reads take it and report what is wrong with it.
-void map_block(const LeafRead& p, MappedBlock& m, bool verify) {
-  std::vector<detail::StoredValue> values;
-  std::vector<std::string> keys;
-  for (const auto& index : m.chunks) {
-    std::string key = p.zarr.chunk_key(index);
-    std::optional<detail::StoredValue> value = locate_chunk(p, index, key);
-    if (!value || value->size() != p.zarr.chunk_bytes()) return;
-    values.push_back(std::move(*value));
-    keys.push_back(std::move(key));
-  }
+// Locates a candidate's chunks and maps them side by side. A block with a chunk that is absent,
+// of the wrong size or cannot be mapped stays unmapped: the reads take it and report what is
+// wrong with it.
+void map_block(const LeafRead& p, MappedBlock& m) {
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
+  std::vector<detail::StoredValue> values;
+  for (const auto& index : m.chunks) {
+    std::optional<detail::StoredValue> value = locate_chunk(p, index, p.zarr.chunk_key(index));
+    if (!value || value->size() != chunk_bytes) return;
+    values.push_back(std::move(*value));
+  }
   std::optional<detail::MappedBytes> bytes = [&]() -> std::optional<detail::MappedBytes> {
     if (values.size() == 1) return values.front().map();
     std::optional<detail::MappedBytes> range = detail::reserve_mapping(chunk_bytes * static_cast<int64_t>(values.size()));
@@ -188,14 +186,20 @@ void map_block(const LeafRead& p, MappedBlock& m, bool verify) {
     return range;
   }();
   if (!bytes) return;
-  for (const detail::StoredValue& value : values) value.will_need();
-  for (size_t k = 0; k < values.size(); ++k) {
-    const std::span<const std::byte> view(bytes->data() + static_cast<int64_t>(k) * chunk_bytes,
-                                          static_cast<size_t>(chunk_bytes));
-    detail::populate(view, chunk_what(p, keys[k]));
-    if (verify && p.meta->crc32c.contains(keys[k])) check_crc(p, keys[k], detail::crc32c(view));
-  }
+  m.values = std::move(values);
   m.bytes.emplace(std::move(*bytes));
+}
+
+// Reads chunk k of a mapped block in (from the disk when its pages are not cached) and compares
+// it with its saved CRC-32C.
+void check_mapped_chunk(const LeafRead& p, const MappedBlock& m, size_t k, bool verify) {
+  const int64_t chunk_bytes = p.zarr.chunk_bytes();
+  const std::string key = p.zarr.chunk_key(m.chunks[k]);
+  const std::span<const std::byte> view(m.bytes->data() + static_cast<int64_t>(k) * chunk_bytes,
+                                        static_cast<size_t>(chunk_bytes));
+  m.values[k].will_need();
+  detail::populate(view, chunk_what(p, key));
+  if (verify && p.meta->crc32c.contains(key)) check_crc(p, key, detail::crc32c(view));
 }
 
 // Physical memory: the ceiling for all device buffers of one restore (virtual devices share it).
@@ -535,16 +539,24 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     for (size_t pi = 0; pi < plans.size(); ++pi) mappable_blocks(plans[pi], pi, candidates);
   }
   const int readers = default_threads(options.readers, 2);
-  // Cold, one file per chunk, the disk needs more reads queued than the mapping threads have
-  // waiting: each hints a chunk two rounds ahead (6 cold restores each: median 1.02 GB/s without,
-  // 1.14 with, the disk itself 1.24 to 1.57).
   run_parallel(static_cast<int64_t>(candidates.size()), readers, [&](int64_t t) {
-    if (t + 2 * readers < static_cast<int64_t>(candidates.size())) {
-      const MappedBlock& next = candidates[static_cast<size_t>(t + 2 * readers)];
-      for (const auto& index : next.chunks) will_need(plans[next.param], index);
-    }
     MappedBlock& m = candidates[static_cast<size_t>(t)];
-    map_block(plans[m.param], m, options.verify_checksums);
+    map_block(plans[m.param], m);
+  });
+  // Cold, one file per chunk, the disk needs more reads queued than the threads have waiting:
+  // each hints a chunk two rounds ahead (6 cold restores each: median 1.02 GB/s without, 1.14
+  // with, the disk itself 1.24 to 1.57).
+  std::vector<std::pair<size_t, size_t>> mapped_chunks;  // (candidate, chunk)
+  for (size_t c = 0; c < candidates.size(); ++c)
+    if (candidates[c].bytes)
+      for (size_t k = 0; k < candidates[c].chunks.size(); ++k) mapped_chunks.emplace_back(c, k);
+  run_parallel(static_cast<int64_t>(mapped_chunks.size()), readers, [&](int64_t t) {
+    if (t + 2 * readers < static_cast<int64_t>(mapped_chunks.size())) {
+      const auto [c, k] = mapped_chunks[static_cast<size_t>(t + 2 * readers)];
+      candidates[c].values[k].will_need();
+    }
+    const auto [c, k] = mapped_chunks[static_cast<size_t>(t)];
+    check_mapped_chunk(plans[candidates[c].param], candidates[c], k, options.verify_checksums);
   });
   int64_t bytes_mapped = 0, chunks_mapped = 0;
   for (MappedBlock& m : candidates) {
