@@ -226,9 +226,12 @@ def test_flax_5110_restores_onto_another_mesh_with_each_device_holding_its_shard
             shard_bound = state_factor * ((params_bytes - replicated) / 4 + replicated)
             assert max(m["held"].values()) <= shard_bound + 1, (kind, way, m)
             assert m["whole"] == [], (kind, way, m["whole"][:4])  # no device ever held a whole sharded array
-            # Transient copies (Orbax reads then places; tessel's as_jax hands its buffers to JAX) stay
-            # within about twice a device's shard, and the process grows by about what the devices hold.
-            assert m["peak_per_device"] <= 2.5 * shard_bound, (kind, way, m)
+            # Transient copies stay within a few times a device's shard, and the process grows by about
+            # what the devices hold. tessel's as_jax hands its buffers to JAX: at most about twice
+            # (1.9 to 2.0x seen). Orbax reads then places, and how many arrays are in flight at once
+            # depends on the timing of its concurrent reads (1.8 to 2.6x seen, the 2.6x in a CI run
+            # beside another test): its bound is looser, as this checks Orbax, not tessel.
+            assert m["peak_per_device"] <= (3.5 if way == "orbax" else 2.5) * shard_bound, (kind, way, m)
             device_bytes = sum(m["held"].values())
             assert m["rss_growth"] <= 1.6 * device_bytes + (16 << 20), (kind, way, m)
             print(f"flax#5110, {kind} checkpoint through {way}: {total / 2**20:.2f} MiB restored onto data=2,fsdp=4; "
