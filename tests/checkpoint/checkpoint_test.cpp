@@ -1,4 +1,6 @@
 // Save/restore round trips, the on-disk layout, structure and dtype handling, and bounded reads.
+#include <sys/resource.h>
+
 #include <fstream>
 #include <map>
 #include <random>
@@ -584,6 +586,36 @@ TEST(CheckpointRestore, BlocksOfSeveralChunksMapThemSideBySide) {
                   ::testing::ThrowsMessage<ValueError>(HasSubstr("an uncompressed chunk of")));
     }
   }
+}
+
+// Mapped chunks do not keep their files open: a plain-files checkpoint may have more chunk files
+// than the process may hold open at once.
+TEST(CheckpointRestore, MappingChunksHoldsNoFileOpen) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(5);
+  TempDir tmp;
+  const HostArray h = random_host(rng, Shape{64 * 1024, 256}, DType::kF32);  // 64 chunks of 1 MiB
+  const NamedSharding rows(Mesh::parse("x=2"), {{"x"}});
+  save(tmp.path() / "c", one_leaf("w", device_put(rt, h, rows)), {.use_ocdbt = false, .max_chunk_bytes = int64_t{1} << 20});
+  State target;
+  target.insert("w", Variable::abstract(kParam, h.shape(), DType::kF32, rows));
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = 48;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  RestoreStats stats;
+  std::optional<State> got;
+  std::string error;
+  try {
+    got = restore(rt, tmp.path() / "c", target, {}, &stats);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  ASSERT_TRUE(got) << error;
+  EXPECT_EQ(stats.bytes_mapped, int64_t{64} << 20);
+  EXPECT_EQ(to_host(got->at("w").array()), h);
 }
 
 TEST(CheckpointRestore, ColumnBlocksOfRowChunksAreReadOnceInSlabs) {

@@ -135,8 +135,12 @@ struct MappedBlock {
   size_t param;
   size_t shard;  // the block's first local holder (its local replicas share its buffer)
   std::vector<std::vector<int64_t>> chunks;  // in the order of their bytes in the block
-  std::vector<detail::StoredValue> values;   // the chunks' stored bytes, once located
   std::optional<detail::MappedBytes> bytes;  // once mapped; read in and checked chunk by chunk
+
+  // Chunk k's bytes in the mapping.
+  std::span<const std::byte> chunk(size_t k, int64_t chunk_bytes) const {
+    return {bytes->data() + static_cast<int64_t>(k) * chunk_bytes, static_cast<size_t>(chunk_bytes)};
+  }
 };
 
 // Below this, reading into the device's cached blocks costs less than a mapping per chunk.
@@ -163,41 +167,43 @@ void mappable_blocks(const LeafRead& p, size_t param, std::vector<MappedBlock>& 
     for (size_t k = 0; k < indices.size() && side_by_side; ++k)
       side_by_side = box.run_offset(p.zarr.chunk_box(indices[k])) == static_cast<int64_t>(k) * chunk_elements;
     if (!side_by_side || static_cast<int64_t>(indices.size()) * chunk_elements != box.volume()) continue;
-    out.push_back({param, block.first, std::move(indices), {}, std::nullopt});
+    out.push_back({param, block.first, std::move(indices), std::nullopt});
   }
 }
 
 // Locates a candidate's chunks and maps them side by side. A block with a chunk that is absent,
 // of the wrong size or cannot be mapped stays unmapped: the reads take it and report what is
-// wrong with it.
+// wrong with it. The files are closed again (the mappings keep them): a checkpoint may have more
+// chunk files than a process may hold open.
 void map_block(const LeafRead& p, MappedBlock& m) {
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
-  std::vector<detail::StoredValue> values;
-  for (const auto& index : m.chunks) {
-    std::optional<detail::StoredValue> value = locate_chunk(p, index, p.zarr.chunk_key(index));
-    if (!value || value->size() != chunk_bytes) return;
-    values.push_back(std::move(*value));
+  const size_t n = m.chunks.size();
+  std::optional<detail::MappedBytes> range;
+  if (n > 1) {
+    std::optional<detail::MappedBytes> reserved = detail::reserve_mapping(chunk_bytes * static_cast<int64_t>(n));
+    if (!reserved) return;
+    range.emplace(std::move(*reserved));
   }
-  std::optional<detail::MappedBytes> bytes = [&]() -> std::optional<detail::MappedBytes> {
-    if (values.size() == 1) return values.front().map();
-    std::optional<detail::MappedBytes> range = detail::reserve_mapping(chunk_bytes * static_cast<int64_t>(values.size()));
-    for (size_t k = 0; k < values.size() && range; ++k)
-      if (!values[k].map_into(range->data() + static_cast<int64_t>(k) * chunk_bytes)) return std::nullopt;
-    return range;
-  }();
-  if (!bytes) return;
-  m.values = std::move(values);
-  m.bytes.emplace(std::move(*bytes));
+  for (size_t k = 0; k < n; ++k) {  // one file open at a time
+    const std::optional<detail::StoredValue> value = locate_chunk(p, m.chunks[k], p.zarr.chunk_key(m.chunks[k]));
+    if (!value || value->size() != chunk_bytes) return;
+    if (n > 1) {
+      if (!value->map_into(range->data() + static_cast<int64_t>(k) * chunk_bytes)) return;
+    } else {
+      std::optional<detail::MappedBytes> mapped = value->map();
+      if (!mapped) return;
+      range.emplace(std::move(*mapped));
+    }
+  }
+  m.bytes.emplace(std::move(*range));
 }
 
 // Reads chunk k of a mapped block in (from the disk when its pages are not cached) and compares
 // it with its saved CRC-32C.
 void check_mapped_chunk(const LeafRead& p, const MappedBlock& m, size_t k, bool verify) {
-  const int64_t chunk_bytes = p.zarr.chunk_bytes();
   const std::string key = p.zarr.chunk_key(m.chunks[k]);
-  const std::span<const std::byte> view(m.bytes->data() + static_cast<int64_t>(k) * chunk_bytes,
-                                        static_cast<size_t>(chunk_bytes));
-  m.values[k].will_need();
+  const std::span<const std::byte> view = m.chunk(k, p.zarr.chunk_bytes());
+  detail::will_need(view);
   detail::populate(view, chunk_what(p, key));
   if (verify && p.meta->crc32c.contains(key)) check_crc(p, key, detail::crc32c(view));
 }
@@ -553,7 +559,7 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
   run_parallel(static_cast<int64_t>(mapped_chunks.size()), readers, [&](int64_t t) {
     if (t + 2 * readers < static_cast<int64_t>(mapped_chunks.size())) {
       const auto [c, k] = mapped_chunks[static_cast<size_t>(t + 2 * readers)];
-      candidates[c].values[k].will_need();
+      detail::will_need(candidates[c].chunk(k, plans[candidates[c].param].zarr.chunk_bytes()));
     }
     const auto [c, k] = mapped_chunks[static_cast<size_t>(t)];
     check_mapped_chunk(plans[candidates[c].param], candidates[c], k, options.verify_checksums);

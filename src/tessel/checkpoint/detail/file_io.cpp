@@ -130,6 +130,14 @@ std::optional<MappedBytes> reserve_mapping(int64_t size) {
   return MappedBytes(base, static_cast<size_t>(size), static_cast<std::byte*>(base), size);
 }
 
+void will_need(std::span<const std::byte> mapped) noexcept {
+  if (mapped.empty()) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGE_SIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(mapped.data()) / page * page;
+  const auto end = reinterpret_cast<uintptr_t>(mapped.data()) + mapped.size();
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+}
+
 void populate(std::span<const std::byte> mapped, const std::string& where) {
   if (mapped.empty()) return;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGE_SIZE));

@@ -76,6 +76,10 @@ class File {
 // to fill; nullopt where the system refuses.
 std::optional<MappedBytes> reserve_mapping(int64_t size);
 
+// Asks the kernel to start reading mapped file bytes into the page cache (MADV_WILLNEED, as
+// File::will_need), without holding the file open. A hint only: failures are ignored.
+void will_need(std::span<const std::byte> mapped) noexcept;
+
 // Reads the pages of mapped file bytes in (MADV_POPULATE_READ), so that a file cut short or a disk
 // error is an IoError naming `where` here and not a SIGBUS at first use.
 void populate(std::span<const std::byte> mapped, const std::string& where);
