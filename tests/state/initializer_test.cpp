@@ -19,11 +19,11 @@ using ::testing::ThrowsMessage;
 
 TEST(Philox, MatchesRandom123KnownAnswers) {
   EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
-            (PhiloxCounter{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+            (Counter128{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
   EXPECT_EQ(philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
-            (PhiloxCounter{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+            (Counter128{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
   EXPECT_EQ(philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
-            (PhiloxCounter{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+            (Counter128{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
 }
 
 TEST(Philox, KeysDependOnSeedAndPath) {
@@ -33,21 +33,44 @@ TEST(Philox, KeysDependOnSeedAndPath) {
   EXPECT_NE(parameter_key(uint64_t{1} << 32, "a/b"), parameter_key(0, "a/b"));
 }
 
-TEST(Philox, BatchedWordsAreTheScalarBlocksWordByWord) {
-  const PhiloxKey key = parameter_key(9, "k");
+// Random123's known-answer vectors for ars4x32 with 7 rounds (tests/old_kat_vectors there).
+TEST(Ars, MatchesRandom123KnownAnswers) {
+  EXPECT_EQ(ars4x32_7({1, 0, 0, 0}, {1, 0, 0, 0}), (Counter128{0x3523162b, 0xdc14d20c, 0x79184077, 0x72184193}));
+  EXPECT_EQ(ars4x32_7({0x100, 0, 0, 0}, {1, 0, 0, 0}), (Counter128{0x6fb6e62d, 0x68b661a4, 0x6f1280f3, 0x22cdb932}));
+  EXPECT_EQ(ars4x32_7({0, 1, 0, 0}, {1, 0, 0, 0}), (Counter128{0xf928af71, 0x52594c2a, 0xe41e8545, 0xf10cae23}));
+  EXPECT_EQ(ars4x32_7({0, 0, 0x10000, 0}, {0x100, 0, 0, 0}), (Counter128{0x1a0f53d9, 0xbc1548db, 0x245e6e04, 0xd5bdca89}));
+  EXPECT_EQ(ars4x32_7({0, 0, 0, 1}, {0x100, 0, 0, 0}), (Counter128{0xcadb6f7f, 0x90f2ff0f, 0xfd7e194d, 0x0f20d0e1}));
+  EXPECT_EQ(ars4x32_7({0x1000000, 0, 0, 0}, {0, 1, 0, 0}), (Counter128{0xe4e7782f, 0x675942c8, 0x917bcde1, 0xc3739f28}));
+  EXPECT_EQ(ars4x32_7({0, 0x100, 0, 0}, {0, 1, 0, 0}), (Counter128{0x8e63d1dc, 0xddc2763e, 0xeac3cd9d, 0x8b624caf}));
+}
+
+// FIPS-197 appendix B: the state after round 1's SubBytes, ShiftRows, MixColumns and the round key.
+TEST(Ars, AesRoundIsFips197s) {
+  auto le = [](uint32_t big_endian) { return __builtin_bswap32(big_endian); };  // FIPS-197 prints bytes in order
+  const Counter128 state{le(0x193de3be), le(0xa0f4e22b), le(0x9ac68d2a), le(0xe9f84808)};
+  const Counter128 key{le(0xa0fafe17), le(0x88542cb1), le(0x23a33939), le(0x2a6c7605)};
+  EXPECT_EQ(aes_round(state, key, false), (Counter128{le(0xa49c7ff2), le(0x689f352b), le(0x6b5bea43), le(0x026a5049)}));
+}
+
+const std::vector<std::pair<detail::SamplingKernels, const char*>> kKernels = {
+    {detail::SamplingKernels::kBest, "best"}, {detail::SamplingKernels::kAesNi, "AES-NI"},
+    {detail::SamplingKernels::kPortable, "portable"}};
+
+TEST(Ars, BatchedWordsAreTheScalarBlocksWordByWord) {
+  const ArsKey key = parameter_key(9, "k");
   // Block numbers that carry into their high word inside one vector of blocks, and lengths that end
   // inside a vector.
   for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{255}, uint64_t{1} << 34,
                          (uint64_t{0xFFFFFFFF} - 5) * 4 + 3}) {
-    for (bool avx2 : {false, true}) {  // the fastest kernels here, then the AVX2 ones
+    for (const auto& [kernels, name] : kKernels) {
       std::vector<uint32_t> words(1000 + first % 7);
-      detail::sampling_prefer_avx2(avx2);
+      detail::sampling_use(kernels);
       detail::random_words(key, first, words.size(), words.data());
-      detail::sampling_prefer_avx2(false);
+      detail::sampling_use(detail::SamplingKernels::kBest);
       for (size_t j = 0; j < words.size(); ++j) {
         uint64_t i = first + j;
-        PhiloxCounter block = philox4x32_10({static_cast<uint32_t>(i / 4), static_cast<uint32_t>(i / 4 >> 32), 0, 0}, key);
-        ASSERT_EQ(words[j], block[i % 4]) << "element " << i << (avx2 ? ", AVX2 preferred" : "");
+        Counter128 block = ars4x32_7({static_cast<uint32_t>(i / 4), static_cast<uint32_t>(i / 4 >> 32), 0, 0}, key);
+        ASSERT_EQ(words[j], block[i % 4]) << "element " << i << ", " << name << " kernels";
       }
     }
   }
@@ -55,12 +78,12 @@ TEST(Philox, BatchedWordsAreTheScalarBlocksWordByWord) {
 
 }  // namespace
 namespace testing {  // tests/state/sampling_baseline.cpp
-void baseline_sample_f32(const PhiloxKey& key, uint64_t first, size_t n, const detail::SampleSpec& spec, float* out);
+void baseline_sample_f32(const ArsKey& key, uint64_t first, size_t n, const detail::SampleSpec& spec, float* out);
 }
 namespace {
 
 TEST(Sampling, EveryInstructionSetGivesTheSameBits) {
-  const PhiloxKey key = parameter_key(4, "isa");
+  const ArsKey key = parameter_key(4, "isa");
   using K = detail::SampleSpec::Kind;
   std::vector<detail::SampleSpec> specs = {
       {K::kUniform, 0, 1, 1},
@@ -73,15 +96,14 @@ TEST(Sampling, EveryInstructionSetGivesTheSameBits) {
       const size_t n = 100003 + first % 13;
       std::vector<float> base(n);
       testing::baseline_sample_f32(key, first, n, spec, base.data());
-      // The fastest kernels here, then the AVX2 ones (where AVX-512 would be taken).
-      for (bool avx2 : {false, true}) {
+      for (const auto& [kernels, name] : kKernels) {
         std::vector<float> fast(n);
-        detail::sampling_prefer_avx2(avx2);
+        detail::sampling_use(kernels);
         detail::sample_f32(key, first, n, spec, fast.data());
-        detail::sampling_prefer_avx2(false);
+        detail::sampling_use(detail::SamplingKernels::kBest);
         for (size_t j = 0; j < n; ++j)
           ASSERT_EQ(std::bit_cast<uint32_t>(fast[j]), std::bit_cast<uint32_t>(base[j]))
-              << "element " << first + j << (avx2 ? ", AVX2 preferred" : "");
+              << "element " << first + j << ", " << name << " kernels";
       }
     }
 }
@@ -187,6 +209,45 @@ TEST(Initializer, SampleMomentsMatchTheDefinitions) {
   expect_moments(Initializer::variance_scaling(3, FanMode::kFanOut, Distribution::kNormal), shape, fans, 0, 3.0 / 512);
   // Declared fans: a stacked [layers, in, out] kernel does not count the layers.
   expect_moments(Initializer::lecun_normal(), Shape{8, 128, 64}, Fans{{1}, {2}, {0}}, 0, 1.0 / 128);
+}
+
+// The tails and fourth moment of a normal and of a normal truncated to [-2, 2], against the
+// distributions' own values (binomial and sample-mean tolerances of about 5 standard errors).
+TEST(Initializer, TailsAndFourthMomentsAreTheNormals) {
+  const Shape shape{int64_t{1} << 20};
+  const double n = static_cast<double>(shape[0]);
+  auto v = fill_f32(Initializer::normal(1), 11, "tails/n", shape, Box::full(shape));
+  double beyond[5] = {}, m4 = 0;
+  for (float x : v) {
+    for (int k = 1; k <= 4; ++k) beyond[k] += std::fabs(x) > k;
+    m4 += std::pow(static_cast<double>(x), 4);
+  }
+  for (int k = 1; k <= 4; ++k) {
+    const double p = std::erfc(k / std::sqrt(2.0));
+    EXPECT_NEAR(beyond[k] / n, p, 5 * std::sqrt(p * (1 - p) / n) + 1e-6) << "P(|z| > " << k << ")";
+  }
+  EXPECT_NEAR(m4 / n, 3.0, 5 * std::sqrt(96.0 / n));  // E z^4 = 3, Var z^4 = 105 - 9
+
+  // Truncated to [-2, 2]: moments by Simpson's rule on the density.
+  auto moment = [](int k) {
+    const int steps = 20000;
+    double sum = 0, mass = 0;
+    for (int i = 0; i <= steps; ++i) {
+      const double z = -2 + 4.0 * i / steps, w = (i == 0 || i == steps) ? 1 : (i % 2 ? 4 : 2);
+      const double density = std::exp(-z * z / 2);
+      sum += w * std::pow(z, k) * density;
+      mass += w * density;
+    }
+    return sum / mass;
+  };
+  auto t = fill_f32(Initializer::truncated_normal(1), 11, "tails/t", shape, Box::full(shape));
+  double t2 = 0, t4 = 0;
+  for (float x : t) {
+    t2 += static_cast<double>(x) * x;
+    t4 += std::pow(static_cast<double>(x), 4);
+  }
+  EXPECT_NEAR(t2 / n, moment(2), 5 * std::sqrt((moment(4) - moment(2) * moment(2)) / n));
+  EXPECT_NEAR(t4 / n, moment(4), 5 * std::sqrt((moment(8) - moment(4) * moment(4)) / n));
 }
 
 TEST(Initializer, BoundsHold) {

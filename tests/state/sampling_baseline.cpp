@@ -1,4 +1,4 @@
-// The sampling kernels once more, without the AVX2/AVX-512 clones and in namespace
+// The sampling kernels once more, without the x86 kernels and in namespace
 // tessel::detail_baseline, so a test can check that every ISA version gives the same bits.
 #define TESSEL_SAMPLING_BASELINE_ONLY
 #define detail detail_baseline
@@ -18,12 +18,12 @@ struct SampleSpec {
 
 namespace tessel::testing {
 // The baseline kernel behind a spec of the library's own type (the two types are identical).
-void baseline_sample_f32(const PhiloxKey& key, uint64_t first, size_t n, const detail::SampleSpec& spec, float* out);
+void baseline_sample_f32(const ArsKey& key, uint64_t first, size_t n, const detail::SampleSpec& spec, float* out);
 }  // namespace tessel::testing
 
 static_assert(sizeof(tessel::detail::SampleSpec) == sizeof(tessel::detail_baseline::SampleSpec));
 
-void tessel::testing::baseline_sample_f32(const PhiloxKey& key, uint64_t first, size_t n,
+void tessel::testing::baseline_sample_f32(const ArsKey& key, uint64_t first, size_t n,
                                           const detail::SampleSpec& spec, float* out) {
   detail_baseline::SampleSpec s{spec.kind == detail::SampleSpec::Kind::kUniform
                                     ? detail_baseline::SampleSpec::Kind::kUniform

@@ -275,7 +275,7 @@ void Initializer::fill(uint64_t seed, std::string_view path, const Shape& shape,
     return;
   }
   const detail::SampleSpec spec = sample_spec(shape, fans, path);
-  const PhiloxKey key = parameter_key(seed, path);
+  const ArsKey key = parameter_key(seed, path);
   // Walk the box row by row; the global index of each element is its offset in the full shape.
   // f32 is sampled in place; other float types through a small f32 staging buffer.
   constexpr int64_t kStage = 1024;
@@ -304,14 +304,16 @@ detail::SampleSpec Initializer::sample_spec(const Shape& shape, const Fans& fans
     return s;
   };
   // A standard normal conditioned on [lower, upper]: erfinv of a uniform between the bounds' CDF
-  // values (JAX's method), clamped strictly inside the bounds.
+  // values (JAX's method), times stddev, clamped strictly inside [lower, upper] times stddev.
   auto truncated = [](double stddev, double lower, double upper) {
     SampleSpec s{.kind = SampleSpec::Kind::kErfinv,
                  .lo = static_cast<float>(std::erf(lower / std::numbers::sqrt2)),
                  .hi = static_cast<float>(std::erf(upper / std::numbers::sqrt2)),
-                 .scale = static_cast<float>(stddev),
-                 .clamp_lo = std::nextafter(static_cast<float>(lower), INFINITY),
-                 .clamp_hi = std::nextafter(static_cast<float>(upper), -INFINITY)};
+                 .scale = static_cast<float>(stddev)};
+    if (stddev > 0) {
+      s.clamp_lo = std::nextafter(static_cast<float>(lower * stddev), INFINITY);
+      s.clamp_hi = std::nextafter(static_cast<float>(upper * stddev), -INFINITY);
+    }
     return s;
   };
   auto uniform = [](double lo, double hi, double scale) {

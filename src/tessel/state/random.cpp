@@ -1,15 +1,71 @@
 #include "tessel/state/random.h"
 
+#include <bit>
 
 namespace tessel {
 namespace {
 
-constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // round multipliers
-constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // key schedule (golden ratio, sqrt 3)
+constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // Philox round multipliers
+constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Philox key schedule (golden ratio, sqrt 3)
+constexpr uint64_t kArsW0 = 0x9E3779B97F4A7C15ull, kArsW1 = 0xBB67AE8584CAA73Bull;  // ARS key schedule
+
+// Multiplication in GF(2^8) modulo AES's polynomial x^8 + x^4 + x^3 + x + 1.
+constexpr uint8_t gf_mul(uint8_t a, uint8_t b) {
+  uint8_t p = 0;
+  for (int i = 0; i < 8; ++i) {
+    if (b & 1) p ^= a;
+    const bool carry = a & 0x80;
+    a = static_cast<uint8_t>(a << 1);
+    if (carry) a ^= 0x1b;
+    b >>= 1;
+  }
+  return p;
+}
+
+constexpr uint8_t rotl8(uint8_t x, int s) { return static_cast<uint8_t>((x << s) | (x >> (8 - s))); }
+
+// AES's S-box from its definition: the multiplicative inverse (through powers of the generator
+// 3: x = 3^k has inverse 3^(255 - k)), then the affine map.
+constexpr std::array<uint8_t, 256> make_sbox() {
+  std::array<uint8_t, 256> power{}, log{};
+  uint8_t x = 1;
+  for (int k = 0; k < 255; ++k) {
+    power[static_cast<size_t>(k)] = x;
+    log[x] = static_cast<uint8_t>(k);
+    x = gf_mul(x, 3);
+  }
+  std::array<uint8_t, 256> box{};
+  for (size_t v = 0; v < 256; ++v) {
+    const uint8_t inv = v == 0 ? 0 : power[(255 - log[v]) % 255];
+    box[v] = static_cast<uint8_t>(inv ^ rotl8(inv, 1) ^ rotl8(inv, 2) ^ rotl8(inv, 3) ^ rotl8(inv, 4) ^ 0x63);
+  }
+  return box;
+}
+constexpr std::array<uint8_t, 256> kSbox = make_sbox();
+static_assert(kSbox[0] == 0x63 && kSbox[1] == 0x7c && kSbox[0x53] == 0xed);  // FIPS-197's examples
+
+constexpr std::array<uint32_t, 256> make_mix() {
+  std::array<uint32_t, 256> mix{};
+  for (size_t x = 0; x < 256; ++x) {
+    const uint8_t s = kSbox[x];
+    mix[x] = uint32_t{gf_mul(s, 2)} | uint32_t{s} << 8 | uint32_t{s} << 16 | uint32_t{gf_mul(s, 3)} << 24;
+  }
+  return mix;
+}
+constexpr std::array<uint32_t, 256> kMix = make_mix();
+
+std::array<uint64_t, 2> halves(const Counter128& w) {
+  return {w[0] | uint64_t{w[1]} << 32, w[2] | uint64_t{w[3]} << 32};
+}
+
+Counter128 words(uint64_t lo, uint64_t hi) {
+  return {static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32), static_cast<uint32_t>(hi),
+          static_cast<uint32_t>(hi >> 32)};
+}
 
 }  // namespace
 
-PhiloxCounter philox4x32_10(PhiloxCounter c, PhiloxKey k) {
+Counter128 philox4x32_10(Counter128 c, PhiloxKey k) {
   for (int round = 0; round < 10; ++round) {
     uint64_t p0 = uint64_t{kM0} * c[0];
     uint64_t p1 = uint64_t{kM1} * c[2];
@@ -21,16 +77,42 @@ PhiloxCounter philox4x32_10(PhiloxCounter c, PhiloxKey k) {
   return c;
 }
 
-PhiloxKey parameter_key(uint64_t seed, std::string_view path) {
+Counter128 aes_round(Counter128 state, Counter128 round_key, bool last) {
+  // Word c holds column c of the state, row r in byte r. Output column c takes row r from input
+  // column c + r (ShiftRows); kMix[x] is the column that row 0's S-box output x contributes after
+  // MixColumns (2 s, s, s, 3 s), and rows 1 to 3 contribute it rotated by 8 r bits.
+  auto byte = [&](size_t column, int row) { return (state[column % 4] >> (8 * row)) & 0xffu; };
+  Counter128 out{};
+  for (size_t c = 0; c < 4; ++c) {
+    uint32_t v = 0;
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t x = byte(c + static_cast<size_t>(r), r);
+      v ^= last ? uint32_t{kSbox[x]} << (8 * r) : std::rotl(kMix[x], 8 * r);
+    }
+    out[c] = v ^ round_key[c];
+  }
+  return out;
+}
+
+Counter128 ars4x32_7(Counter128 c, ArsKey k) {
+  auto [lo, hi] = halves(k);
+  for (size_t w = 0; w < 4; ++w) c[w] ^= k[w];
+  for (int round = 1; round <= 7; ++round) {
+    lo += kArsW0;
+    hi += kArsW1;
+    c = aes_round(c, words(lo, hi), round == 7);
+  }
+  return c;
+}
+
+ArsKey parameter_key(uint64_t seed, std::string_view path) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bit
   for (char ch : path) {
     h ^= static_cast<unsigned char>(ch);
     h *= 0x100000001b3ull;
   }
-  PhiloxCounter out = philox4x32_10(
-      {static_cast<uint32_t>(h), static_cast<uint32_t>(h >> 32), 0x7e55e1u, 0},
-      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
-  return {out[0], out[1]};
+  return philox4x32_10({static_cast<uint32_t>(h), static_cast<uint32_t>(h >> 32), 0x7e55e1u, 0},
+                       {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
 }
 
 }  // namespace tessel
