@@ -1,7 +1,10 @@
 // State-layer hot paths, with their reference measured in the same run (bench/state_bench.sh
 // prints the ratios): sharded init of a 1 GiB model on 8 virtual devices against memset with the
 // same threads, and eval_shape + plan of a 1000-parameter model.
+#include <array>
+#include <cmath>
 #include <cstring>
+#include <numbers>
 #include <memory>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "tessel/models/maxtext.h"
 #include "tessel/models/transformer.h"
 #include "tessel/state/plan.h"
+#include "tessel/state/detail/sampling.h"
 
 namespace {
 
@@ -90,6 +94,29 @@ void BM_Init1GiBWarm(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes);
 }
 BENCHMARK(BM_Init1GiBWarm)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The sampling kernel alone on one thread, into 128 KiB that stays in cache: uniform, normal and
+// a normal truncated to 2 sigma (the generation cost per element, without memory traffic).
+void BM_SampleF32(benchmark::State& state) {
+  using Kind = detail::SampleSpec::Kind;
+  const detail::SampleSpec specs[] = {
+      {Kind::kUniform, -1, 1, 0.02f},
+      {Kind::kErfinv, std::nextafter(-1.0f, 0.0f), 1, 0.02f},
+      {Kind::kErfinv, static_cast<float>(std::erf(-std::numbers::sqrt2)), static_cast<float>(std::erf(std::numbers::sqrt2)),
+       0.02f, std::nextafter(-0.04f, 0.0f), std::nextafter(0.04f, 0.0f)}};
+  const detail::SampleSpec& spec = specs[state.range(0)];
+  const ArsKey key = parameter_key(0, "w");
+  std::vector<float> out(size_t{1} << 15);
+  uint64_t first = 0;
+  for (auto _ : state) {
+    detail::sample_f32(key, first, out.size(), spec, out.data());
+    first += out.size();
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * out.size()));
+  state.SetLabel(std::array{"uniform", "normal", "truncated_normal"}[static_cast<size_t>(state.range(0))]);
+}
+BENCHMARK(BM_SampleF32)->DenseRange(0, 2)->Repetitions(5)->ReportAggregatesOnly()->UseRealTime();
 
 // 125 unstacked layers of 8 parameters plus embedding, final norm and logits: 1003 parameters.
 void BM_EvalShapePlan1000(benchmark::State& state) {

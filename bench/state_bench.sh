@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # State-layer figures, all measured in this one run on this machine: memset bandwidth with 1 and 2
 # threads (the physical limit) and of fresh memory, sharded init of a 1 GiB f32 model on 8 virtual devices as a ratio
-# of it, eval_shape + plan of a 1003-parameter model, and `tessel plan` of a Llama-3.1-405B-shaped
+# of it, the sampling kernel alone on one thread in cache, eval_shape + plan of a 1003-parameter model, and `tessel plan` of a Llama-3.1-405B-shaped
 # model on an abstract 8192-device mesh with MaxText's base.yml (time and peak memory).
 # Usage: bench/state_bench.sh [BUILD_DIR]   (BUILD_DIR default: build, with benchmarks on)
 # Needs about 3 GiB of free memory.
@@ -30,6 +30,11 @@ print(f"{'init 1 GiB f32 on 8 devices, cached blocks':44s} {gbs(b):6.2f} GB/s = 
 b = runs["BM_Init1GiB"]
 print(f"{'init 1 GiB f32 on 8 devices, fresh memory':44s} {gbs(b):6.2f} GB/s = {gbs(b) / ref:6.1%} of memset, "
       f"{gbs(b) / fresh:6.1%} of memset into fresh memory")
+for k, label in enumerate(["uniform", "normal", "truncated_normal"]):
+    b = runs[f"BM_SampleF32/{k}/repeats:5_median"]
+    ns = 1e9 / b["items_per_second"]
+    print(f"sampling kernel, one thread, in cache, {label:16s}: {ns:5.2f} ns/element "
+          f"({ns * float(ctx.get('mhz_per_cpu', 0)) / 1e3:4.2f} cycles at the nominal clock)")
 b = runs["BM_EvalShapePlan1000"]
 ms = b["real_time"] * {"us": 1e-3, "ns": 1e-6, "ms": 1}[b["time_unit"]]
 print(f"eval_shape + plan, {int(b['params'])} parameters, 8 devices: {ms:6.2f} ms (target < 10 ms)")

@@ -176,11 +176,15 @@ TESSEL_VAES void ars_words_vaes(const ArsKey& key, uint64_t first_block, uint32_
     const auto lo = static_cast<long long>(rk.lo[r]), hi = static_cast<long long>(rk.hi[r]);
     k[r] = _mm256_set_epi64x(hi, lo, hi, lo);
   }
+  // Counters b and b + 1 in the low and high 128 bits: 64-bit adds step them.
+  const auto b = static_cast<long long>(first_block);
+  const __m256i two = _mm256_set_epi64x(0, 2, 0, 2);
+  __m256i counter = _mm256_set_epi64x(0, b + 1, 0, b);
   for (size_t group = 0; group < kRunWords / 64; ++group) {
-    __m256i v[8];  // blocks b and b + 1 in the low and high 128 bits
-    for (size_t j = 0; j < 8; ++j) {
-      const uint64_t b = first_block + 16 * group + 2 * j;
-      v[j] = _mm256_xor_si256(_mm256_set_epi64x(0, static_cast<long long>(b + 1), 0, static_cast<long long>(b)), k[0]);
+    __m256i v[8];
+    for (auto& x : v) {
+      x = _mm256_xor_si256(counter, k[0]);
+      counter = _mm256_add_epi64(counter, two);
     }
     for (int r = 1; r < 7; ++r)
       for (auto& x : v) x = _mm256_aesenc_epi128(x, k[r]);
