@@ -12,6 +12,7 @@
 #include <numbers>
 
 #if defined(__x86_64__) && !defined(TESSEL_SAMPLING_BASELINE_ONLY)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TESSEL_SAMPLING_X86 1
 #endif
@@ -147,8 +148,12 @@ bool cpu_has_aesni_avx2() {
   return yes;
 }
 
+// CPUID leaf 7, ECX bit 9 (clang's __builtin_cpu_supports has no "vaes").
 bool cpu_has_vaes() {
-  static const bool yes = cpu_has_aesni_avx2() && __builtin_cpu_supports("vaes");
+  static const bool yes = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return cpu_has_aesni_avx2() && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 9)) != 0;
+  }();
   return yes;
 }
 
