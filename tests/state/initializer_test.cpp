@@ -90,7 +90,8 @@ TEST(Sampling, EveryInstructionSetGivesTheSameBits) {
       {K::kUniform, -1, 1, 0.3f},
       {K::kErfinv, std::nextafter(-1.0f, 0.0f), 1, 1},
       {K::kErfinv, static_cast<float>(std::erf(-2 / std::sqrt(2.0))), static_cast<float>(std::erf(2 / std::sqrt(2.0))),
-       0.7f, std::nextafter(-2.0f, 0.0f), std::nextafter(2.0f, 0.0f)}};
+       0.7f, std::nextafter(-2.0f, 0.0f), std::nextafter(2.0f, 0.0f)},
+      {K::kErfinv, std::nextafter(-1.0f, 0.0f), 1, 1, -0.5f, 0.25f}};  // clamps most samples
   for (const auto& spec : specs)
     for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 33, (uint64_t{0xFFFFFFFF} - 9) * 4 + 1}) {
       const size_t n = 100003 + first % 13;
