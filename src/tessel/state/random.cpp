@@ -1,5 +1,7 @@
 #include "tessel/state/random.h"
 
+#include "tessel/state/detail/ars.h"
+
 #include <bit>
 
 namespace tessel {
@@ -7,7 +9,6 @@ namespace {
 
 constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // Philox round multipliers
 constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Philox key schedule (golden ratio, sqrt 3)
-constexpr uint64_t kArsW0 = 0x9E3779B97F4A7C15ull, kArsW1 = 0xBB67AE8584CAA73Bull;  // ARS key schedule
 
 // Multiplication in GF(2^8) modulo AES's polynomial x^8 + x^4 + x^3 + x + 1.
 constexpr uint8_t gf_mul(uint8_t a, uint8_t b) {
@@ -54,15 +55,6 @@ constexpr std::array<uint32_t, 256> make_mix() {
 }
 constexpr std::array<uint32_t, 256> kMix = make_mix();
 
-std::array<uint64_t, 2> halves(const Counter128& w) {
-  return {w[0] | uint64_t{w[1]} << 32, w[2] | uint64_t{w[3]} << 32};
-}
-
-Counter128 words(uint64_t lo, uint64_t hi) {
-  return {static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32), static_cast<uint32_t>(hi),
-          static_cast<uint32_t>(hi >> 32)};
-}
-
 }  // namespace
 
 Counter128 philox4x32_10(Counter128 c, PhiloxKey k) {
@@ -95,15 +87,30 @@ Counter128 aes_round(Counter128 state, Counter128 round_key, bool last) {
 }
 
 Counter128 ars4x32_7(Counter128 c, ArsKey k) {
-  auto [lo, hi] = halves(k);
+  const detail::ArsRoundKeys rk = detail::ars_round_keys(k);
   for (size_t w = 0; w < 4; ++w) c[w] ^= k[w];
-  for (int round = 1; round <= 7; ++round) {
-    lo += kArsW0;
-    hi += kArsW1;
-    c = aes_round(c, words(lo, hi), round == 7);
+  for (int r = 1; r <= 7; ++r) {
+    const Counter128 round_key{static_cast<uint32_t>(rk.lo[r]), static_cast<uint32_t>(rk.lo[r] >> 32),
+                               static_cast<uint32_t>(rk.hi[r]), static_cast<uint32_t>(rk.hi[r] >> 32)};
+    c = aes_round(c, round_key, r == 7);
   }
   return c;
 }
+
+namespace detail {
+
+ArsRoundKeys ars_round_keys(const ArsKey& key) {
+  ArsRoundKeys k{};
+  k.lo[0] = key[0] | uint64_t{key[1]} << 32;
+  k.hi[0] = key[2] | uint64_t{key[3]} << 32;
+  for (int r = 1; r < 8; ++r) {
+    k.lo[r] = k.lo[r - 1] + 0x9E3779B97F4A7C15ull;
+    k.hi[r] = k.hi[r - 1] + 0xBB67AE8584CAA73Bull;
+  }
+  return k;
+}
+
+}  // namespace detail
 
 ArsKey parameter_key(uint64_t seed, std::string_view path) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bit

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -130,20 +131,28 @@ std::optional<MappedBytes> reserve_mapping(int64_t size) {
   return MappedBytes(base, static_cast<size_t>(size), static_cast<std::byte*>(base), size);
 }
 
+namespace {
+
+// madvise takes a page-aligned start: mapped bytes from the start of their first page.
+std::pair<void*, size_t> from_page_start(std::span<const std::byte> mapped) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGE_SIZE));
+  const auto at = reinterpret_cast<uintptr_t>(mapped.data());
+  const uintptr_t begin = at / page * page;
+  return {reinterpret_cast<void*>(begin), at + mapped.size() - begin};
+}
+
+}  // namespace
+
 void will_need(std::span<const std::byte> mapped) noexcept {
   if (mapped.empty()) return;
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGE_SIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(mapped.data()) / page * page;
-  const auto end = reinterpret_cast<uintptr_t>(mapped.data()) + mapped.size();
-  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+  const auto [begin, size] = from_page_start(mapped);
+  ::madvise(begin, size, MADV_WILLNEED);
 }
 
 void populate(std::span<const std::byte> mapped, const std::string& where) {
   if (mapped.empty()) return;
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGE_SIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(mapped.data()) / page * page;
-  const auto end = reinterpret_cast<uintptr_t>(mapped.data()) + mapped.size();
-  while (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) != 0) {
+  const auto [begin, size] = from_page_start(mapped);
+  while (::madvise(begin, size, MADV_POPULATE_READ) != 0) {
     if (errno == EINTR) continue;
     if (errno == EINVAL) return;  // a kernel before 5.14: the pages come in at first use
     throw IoError("cannot read " + where + " through its mapping: " +

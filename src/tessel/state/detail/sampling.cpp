@@ -4,6 +4,8 @@
 // the same bits.
 #include "tessel/state/detail/sampling.h"
 
+#include "tessel/state/detail/ars.h"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -32,22 +34,6 @@ void ars_words_portable(const ArsKey& key, uint64_t first_block, uint32_t* words
     const Counter128 out = ars4x32_7({static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), 0, 0}, key);
     std::copy(out.begin(), out.end(), words + 4 * j);
   }
-}
-
-// ARS's eight round keys as 64-bit halves: the key, then advanced by the Weyl constants.
-struct ArsRoundKeys {
-  uint64_t lo[8], hi[8];
-};
-
-ArsRoundKeys ars_round_keys(const ArsKey& key) {
-  ArsRoundKeys k{};
-  k.lo[0] = key[0] | uint64_t{key[1]} << 32;
-  k.hi[0] = key[2] | uint64_t{key[3]} << 32;
-  for (int r = 1; r < 8; ++r) {
-    k.lo[r] = k.lo[r - 1] + 0x9E3779B97F4A7C15ull;
-    k.hi[r] = k.hi[r - 1] + 0xBB67AE8584CAA73Bull;
-  }
-  return k;
 }
 
 // [0, 1) from the top 23 bits, as JAX does.
@@ -241,18 +227,18 @@ TESSEL_AVX2 void transform_avx2(const Sampler& sp, const uint32_t* words, size_t
   alignas(32) float x[kRunWords], w[kRunWords], z[kRunWords];
   const size_t vectors = (m + 7) / 8;
   const __m256 lo = splat8(sp.lo), width = splat8(sp.width);
+  const bool normal = sp.kind == SampleSpec::Kind::kErfinv;
   for (size_t v = 0; v < vectors; ++v) {
     const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 8 * v));
-    _mm256_store_ps(x + 8 * v, _mm256_fmadd_ps(unit8(bits), width, lo));
+    const __m256 u = _mm256_fmadd_ps(unit8(bits), width, lo);
+    _mm256_store_ps(x + 8 * v, normal ? _mm256_max_ps(u, lo) : u);
   }
   float* const result = m == kRunWords ? o : z;  // a part run goes through z, then m of it to o
-
-  if (sp.kind == SampleSpec::Kind::kUniform) {
+  if (!normal) {
     for (size_t v = 0; v < vectors; ++v) _mm256_storeu_ps(result + 8 * v, _mm256_mul_ps(_mm256_load_ps(x + 8 * v), splat8(sp.scale)));
   } else {
     for (size_t v = 0; v < vectors; ++v) {
-      const __m256 u = _mm256_max_ps(_mm256_load_ps(x + 8 * v), lo);
-      _mm256_store_ps(x + 8 * v, u);
+      const __m256 u = _mm256_load_ps(x + 8 * v);
       _mm256_store_ps(w + 8 * v, neg_log8(_mm256_fnmadd_ps(u, u, splat8(1.0f))));
     }
     for (size_t v = 0; v < vectors; ++v) {
