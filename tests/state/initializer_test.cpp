@@ -267,6 +267,13 @@ TEST(Initializer, BoundsHold) {
   EXPECT_LE(h.max, 2 * std::sqrt(2.0 / 100) / .87962566103423978 + 1e-6);
 }
 
+// A zero stddev gives zeros: the clamp just inside [lower, upper] * stddev would be an empty range.
+TEST(Initializer, ZeroStddevGivesZeros) {
+  const Shape shape{1000};
+  for (const Initializer& init : {Initializer::truncated_normal(0), Initializer::normal(0)})
+    for (float x : fill_f32(init, 3, "z", shape, Box::full(shape))) ASSERT_EQ(x, 0.0f) << init.to_string();
+}
+
 TEST(Initializer, Bf16IsTheRoundedF32AndConstantsFillAnyDtype) {
   const Shape shape{33};
   auto f = fill_f32(Initializer::normal(1), 3, "w", shape, Box::full(shape));
