@@ -63,7 +63,7 @@ TEST(Ars, BatchedWordsAreTheScalarBlocksWordByWord) {
   for (uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{255}, uint64_t{1} << 34,
                          (uint64_t{0xFFFFFFFF} - 5) * 4 + 3}) {
     for (const auto& [kernels, name] : kKernels) {
-      std::vector<uint32_t> words(1000 + first % 7);
+      std::vector<uint32_t> words(2500 + first % 7);  // several runs of the kernels
       detail::sampling_use(kernels);
       detail::random_words(key, first, words.size(), words.data());
       detail::sampling_use(detail::SamplingKernels::kBest);

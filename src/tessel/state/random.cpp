@@ -86,31 +86,7 @@ Counter128 aes_round(Counter128 state, Counter128 round_key, bool last) {
   return out;
 }
 
-Counter128 ars4x32_7(Counter128 c, ArsKey k) {
-  const detail::ArsRoundKeys rk = detail::ars_round_keys(k);
-  for (size_t w = 0; w < 4; ++w) c[w] ^= k[w];
-  for (int r = 1; r <= 7; ++r) {
-    const Counter128 round_key{static_cast<uint32_t>(rk.lo[r]), static_cast<uint32_t>(rk.lo[r] >> 32),
-                               static_cast<uint32_t>(rk.hi[r]), static_cast<uint32_t>(rk.hi[r] >> 32)};
-    c = aes_round(c, round_key, r == 7);
-  }
-  return c;
-}
-
-namespace detail {
-
-ArsRoundKeys ars_round_keys(const ArsKey& key) {
-  ArsRoundKeys k{};
-  k.lo[0] = key[0] | uint64_t{key[1]} << 32;
-  k.hi[0] = key[2] | uint64_t{key[3]} << 32;
-  for (int r = 1; r < 8; ++r) {
-    k.lo[r] = k.lo[r - 1] + 0x9E3779B97F4A7C15ull;
-    k.hi[r] = k.hi[r - 1] + 0xBB67AE8584CAA73Bull;
-  }
-  return k;
-}
-
-}  // namespace detail
+Counter128 ars4x32_7(Counter128 c, ArsKey k) { return detail::ars4x32_7(c, detail::ars_round_keys(k)); }
 
 ArsKey parameter_key(uint64_t seed, std::string_view path) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bit
