@@ -22,9 +22,9 @@
 namespace tessel::detail {
 namespace {
 
-// Words per generator call: 256 ARS blocks. Each of the transform's passes over a run starts and
-// drains a pipeline of dependent operations; runs of 1024 words (4 KiB, the transform's three
-// buffers 12 KiB more: all in L1) make that cost small (1.15x faster than runs of 128).
+// Words per generator call: up to 256 ARS blocks. Each of the transform's passes over a run starts
+// and drains a pipeline of dependent operations; runs of 1024 words (4 KiB, the transform's two
+// buffers 8 KiB more: all in L1) make that cost small against the run's work.
 constexpr size_t kRunWords = 1024;
 
 // Words come in groups of 16 blocks (64 words), the VAES kernel's unit.
