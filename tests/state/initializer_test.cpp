@@ -85,13 +85,20 @@ namespace {
 TEST(Sampling, EveryInstructionSetGivesTheSameBits) {
   const ArsKey key = parameter_key(4, "isa");
   using K = detail::SampleSpec::Kind;
+  const auto erf_f32 = [](double sigmas) { return static_cast<float>(std::erf(sigmas / std::sqrt(2.0))); };
   std::vector<detail::SampleSpec> specs = {
       {K::kUniform, 0, 1, 1},
       {K::kUniform, -1, 1, 0.3f},
       {K::kErfinv, std::nextafter(-1.0f, 0.0f), 1, 1},
       {K::kErfinv, static_cast<float>(std::erf(-2 / std::sqrt(2.0))), static_cast<float>(std::erf(2 / std::sqrt(2.0))),
        0.7f, std::nextafter(-2.0f, 0.0f), std::nextafter(2.0f, 0.0f)},
-      {K::kErfinv, std::nextafter(-1.0f, 0.0f), 1, 1, -0.5f, 0.25f}};  // clamps most samples
+      {K::kErfinv, std::nextafter(-1.0f, 0.0f), 1, 1, -0.5f, 0.25f},  // clamps most samples
+      // Truncations whose |u| stays at most 0.99 (the kernels skip erfinv's tail test) or not.
+      {K::kErfinv, erf_f32(-2.5), erf_f32(2.5), 1},
+      {K::kErfinv, erf_f32(-1), erf_f32(3), 1},
+      // Half normals: max(u, lo) turns +0 into -0 for lo = -0 (the kernels keep it for a zero lo).
+      {K::kErfinv, -0.0f, erf_f32(2), 1},
+      {K::kErfinv, 0.0f, 1, 1}};
   for (const auto& spec : specs)
     for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 33, (uint64_t{0xFFFFFFFF} - 9) * 4 + 1}) {
       const size_t n = 100003 + first % 13;
