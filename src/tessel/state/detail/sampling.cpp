@@ -262,12 +262,11 @@ TESSEL_AVX2 inline __m256 erfinv_poly8(__m256 w, const CentralPoly8& central, co
   return p;
 }
 
-// The polynomial pass: samples from the logarithms `w` and uniforms `x` of `vectors` vectors, the
-// first `full` into `o`, a last part vector into `tail_out`. A template, so neither the clamp's
-// nor the tail's test is in the loop where it is not needed.
-template <bool kClamp, bool kTail>
-TESSEL_AVX2 inline void erfinv_pass(const Sampler& sp, const float* w, const float* x, size_t vectors, size_t full,
-                                    float* o, float* tail_out) {
+// The polynomial pass: samples from the logarithms `w` and uniforms `x` of `vectors` vectors, vector
+// v into out(v). A template, so neither the clamp's nor the tail's test is in the loop where it is
+// not needed.
+template <bool kClamp, bool kTail, class Out>
+TESSEL_AVX2 inline void erfinv_pass(const Sampler& sp, const float* w, const float* x, size_t vectors, Out out) {
   CentralPoly8 central;
   for (size_t i = 0; i < kTerms; ++i) central.c[i] = splat8(sp.poly.central[i]);
   const __m256 clamp_lo = splat8(sp.clamp_lo), clamp_hi = splat8(sp.clamp_hi);
@@ -276,7 +275,7 @@ TESSEL_AVX2 inline void erfinv_pass(const Sampler& sp, const float* w, const flo
     const __m256 p = erfinv_poly8<kTail>(_mm256_load_ps(w + 8 * v), central, sp.poly);
     __m256 r = _mm256_mul_ps(p, _mm256_load_ps(x + 8 * v));
     if constexpr (kClamp) r = _mm256_min_ps(clamp_hi, _mm256_max_ps(clamp_lo, r));
-    _mm256_storeu_ps(v < full ? o + 8 * v : tail_out, r);
+    _mm256_storeu_ps(out(v), r);
   }
 }
 
@@ -315,11 +314,11 @@ TESSEL_AVX2 void transform_avx2(const Sampler& sp, const uint32_t* words, size_t
     for (size_t v = 0; v < vectors; ++v)
       _mm256_store_ps(w + 8 * v, neg_log8_series(_mm256_load_ps(w + 8 * v), _mm256_load_ps(e + 8 * v)));
     if (sp.clamp) {
-      if (sp.tail) erfinv_pass<true, true>(sp, w, x, vectors, full, o, tail_out);
-      else erfinv_pass<true, false>(sp, w, x, vectors, full, o, tail_out);
+      if (sp.tail) erfinv_pass<true, true>(sp, w, x, vectors, out);
+      else erfinv_pass<true, false>(sp, w, x, vectors, out);
     } else {
-      if (sp.tail) erfinv_pass<false, true>(sp, w, x, vectors, full, o, tail_out);
-      else erfinv_pass<false, false>(sp, w, x, vectors, full, o, tail_out);
+      if (sp.tail) erfinv_pass<false, true>(sp, w, x, vectors, out);
+      else erfinv_pass<false, false>(sp, w, x, vectors, out);
     }
   }
   std::copy_n(tail_out, m % 8, o + 8 * full);
