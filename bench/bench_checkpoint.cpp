@@ -1,6 +1,7 @@
 // Checkpoint figures, one measurement per process so each peak RSS is its own (driven by
 // bench/checkpoint_bench.sh, which prints the ratios):
-//   bench_checkpoint raw DIR BYTES          raw write+fsync and cached read of 8 files (1 and 2 threads)
+//   bench_checkpoint raw DIR BYTES          raw write+fsync and cached read of 8 files (1 and 2 threads),
+//                                          direct write+fsync (1, 2 and 4 threads)
 //   bench_checkpoint save DIR BYTES CODEC [LAYOUT]
 //                                          a BYTES f32 state on fsdp=8, saved with CODEC (none, zstd:1)
 //                                          as LAYOUT: ocdbt (default), files, ocdbt+zarr3, files+zarr3
@@ -8,6 +9,7 @@
 // Each prints one JSON object.
 #include <sys/resource.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -67,6 +69,31 @@ void prime_memory() {
   asm volatile("" : : "r"(block.get()) : "memory");  // the stores must happen
 }
 
+// `files` files of `data` written into a fresh `dir` from `threads` threads, each fsynced, then the
+// directory: GB/s. With `direct`, through File::enable_direct_writes; 0 where a file refuses it.
+double write_fsync(const fs::path& dir, int files, int threads, std::span<const std::byte> data, bool direct) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  prime_memory();  // the page cache the writes fill comes from memory the host backs
+  std::atomic<bool> refused{false};
+  auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = t; i < files; i += threads) {
+        auto f = tessel::detail::File::create(dir / std::to_string(i));
+        if (direct && !f.enable_direct_writes()) refused = true;
+        f.write_at(0, data);
+        f.sync();
+        f.close();
+      }
+    });
+  }
+  for (auto& p : pool) p.join();
+  tessel::detail::sync_directory(dir);
+  return refused ? 0.0 : static_cast<double>(data.size()) * files / since(t0) / 1e9;
+}
+
 nlohmann::json raw(const fs::path& dir, int64_t bytes) {
   const int files = 8;
   const int64_t each = bytes / files;
@@ -74,27 +101,10 @@ nlohmann::json raw(const fs::path& dir, int64_t bytes) {
   fill(tessel::Box({0}, {each / 4}), buf);
   nlohmann::json j;
   for (int threads : {1, 2}) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    prime_memory();  // the page cache the writes fill comes from memory the host backs
+    j["write_fsync_gbps_" + std::to_string(threads)] = write_fsync(dir, files, threads, buf, false);
+    // Cached read: the files were just written.
     auto t0 = Clock::now();
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        for (int i = t; i < files; i += threads) {
-          auto f = tessel::detail::File::create(dir / std::to_string(i));
-          f.write_all(buf);
-          f.sync();
-          f.close();
-        }
-      });
-    }
-    for (auto& p : pool) p.join();
-    tessel::detail::sync_directory(dir);
-    j["write_fsync_gbps_" + std::to_string(threads)] = static_cast<double>(bytes) / since(t0) / 1e9;
-    // Cached read: the files were just written.
-    t0 = Clock::now();
-    pool.clear();
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         std::vector<std::byte> in(static_cast<size_t>(each));
@@ -132,6 +142,16 @@ nlohmann::json raw(const fs::path& dir, int64_t bytes) {
     }
     for (auto& p : pool) p.join();
     j["fill_fresh_gbps_" + std::to_string(threads)] = static_cast<double>(bytes) / since(t0) / 1e9;
+  }
+  // Direct writes (O_DIRECT, page-aligned memory) + fsync from 1, 2 and 4 threads: the disk
+  // without the page cache's copies, as a durable save writes where the file system allows it.
+  std::unique_ptr<std::byte, decltype(&std::free)> aligned(
+      static_cast<std::byte*>(std::aligned_alloc(4096, static_cast<size_t>((each + 4095) / 4096 * 4096))), &std::free);
+  std::memcpy(aligned.get(), buf.data(), buf.size());
+  for (int threads : {1, 2, 4}) {
+    const double gbps = write_fsync(dir, files, threads, {aligned.get(), static_cast<size_t>(each)}, true);
+    if (gbps == 0) break;  // this file system has no direct I/O: no figure
+    j["write_direct_fsync_gbps_" + std::to_string(threads)] = gbps;
   }
   fs::remove_all(dir);
   return j;

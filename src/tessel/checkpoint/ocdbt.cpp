@@ -808,7 +808,9 @@ void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
     } else {
       const std::string name = random_file_name();
       slot = m.written.size();
-      m.written.push_back({std::make_shared<detail::File>(detail::File::create(m.dir / name)), m.file_id({"", name}), 0});
+      auto created = std::make_shared<detail::File>(detail::File::create(m.dir / name));
+      if (m.options.durable) created->enable_direct_writes();  // the bytes go to the disk now anyway (see File)
+      m.written.push_back({std::move(created), m.file_id({"", name}), 0});
     }
     Impl::DataFile& f = m.written[slot];
     file = f.file;

@@ -1,6 +1,8 @@
 // Staging: the blocks a save writes, taken from device arrays (copied, or in place for a
 // synchronous save) or from a caller's host memory.
+#include <cstring>
 #include <map>
+#include <new>
 #include <set>
 
 #include "tessel/checkpoint/checkpointer.h"
@@ -15,6 +17,15 @@ StagedState::~StagedState() = default;
 StagedState::StagedState(StagedState&&) noexcept = default;
 StagedState& StagedState::operator=(StagedState&&) noexcept = default;
 int64_t StagedState::bytes() const { return impl_->bytes; }
+
+StagedState::Impl::HostCopy StagedState::Impl::copy_of(std::span<const std::byte> bytes) {
+  if (bytes.empty()) return nullptr;
+  constexpr size_t kPage = 4096;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(kPage, (bytes.size() + kPage - 1) / kPage * kPage));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memcpy(p, bytes.data(), bytes.size());
+  return HostCopy(p);
+}
 
 namespace {
 
@@ -39,8 +50,8 @@ StagedState::Impl stage_impl(const State& state, bool copy) {
       if (holder == nullptr || holder->replica_id != 0) continue;
       std::span<const std::byte> bytes = holder->buffer.bytes();
       if (copy) {
-        s.owned.emplace_back(bytes.begin(), bytes.end());
-        bytes = s.owned.back();
+        s.owned.push_back(StagedState::Impl::copy_of(bytes));
+        bytes = {s.owned.back().get(), bytes.size()};
       }
       s.bytes += static_cast<int64_t>(bytes.size());
       p.blocks.push_back({placement.box, bytes});

@@ -35,7 +35,10 @@ int64_t rounded(int64_t bytes) {
 
 std::byte* allocate_block(int64_t size) {
   void* p = nullptr;
-  if (::posix_memalign(&p, size < kHugeMin ? kAlign : kHugePage, static_cast<size_t>(size)) != 0) return nullptr;
+  // Blocks from 1 MiB up start on a page boundary: a durable save writes them to the disk
+  // directly (O_DIRECT), which wants the bytes' address aligned (512 bytes on ext4 here).
+  const int64_t align = size < kCacheMin ? kAlign : size < kHugeMin ? 4096 : kHugePage;
+  if (::posix_memalign(&p, static_cast<size_t>(align), static_cast<size_t>(size)) != 0) return nullptr;
   if (size >= kHugeMin) ::madvise(p, static_cast<size_t>(size), MADV_HUGEPAGE);  // advice only: failure is harmless
   return static_cast<std::byte*>(p);
 }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -60,20 +61,57 @@ void File::resize(int64_t size) const {
   if (::ftruncate(fd_, size) != 0) fail(path_, "cannot resize", errno);
 }
 
-File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }
+File::File(File&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      path_(std::move(other.path_)),
+      direct_fd_(std::exchange(other.direct_fd_, -1)),
+      direct_unit_(other.direct_unit_),
+      direct_mem_align_(other.direct_mem_align_) {}
 
 File& File::operator=(File&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
-    fd_ = other.fd_;
+    if (direct_fd_ >= 0) ::close(direct_fd_);
+    fd_ = std::exchange(other.fd_, -1);
     path_ = std::move(other.path_);
-    other.fd_ = -1;
+    direct_fd_ = std::exchange(other.direct_fd_, -1);
+    direct_unit_ = other.direct_unit_;
+    direct_mem_align_ = other.direct_mem_align_;
   }
   return *this;
 }
 
 File::~File() {
   if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+}
+
+bool File::enable_direct_writes() {
+  if (direct_fd_ >= 0) return true;
+#ifdef STATX_DIOALIGN
+  struct statx st {};
+  if (::statx(fd_, "", AT_EMPTY_PATH, STATX_DIOALIGN, &st) != 0 || (st.stx_mask & STATX_DIOALIGN) == 0 ||
+      st.stx_dio_offset_align == 0 || st.stx_dio_mem_align == 0) {
+    return false;
+  }
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  if (page <= 0) return false;
+  // A second open of the same path, checked to be the same file (nothing replaced it between).
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat mine {}, other {};
+  if (::fstat(fd_, &mine) != 0 || ::fstat(fd, &other) != 0 || mine.st_dev != other.st_dev || mine.st_ino != other.st_ino) {
+    ::close(fd);
+    return false;
+  }
+  // Whole pages, so that the buffered rest of a write never shares a page with its direct part.
+  direct_unit_ = std::max<int64_t>(st.stx_dio_offset_align, page);
+  direct_mem_align_ = st.stx_dio_mem_align;
+  direct_fd_ = fd;
+  return true;
+#else
+  return false;
+#endif
 }
 
 int64_t File::size() const {
@@ -201,8 +239,31 @@ void File::write_all(std::span<const std::byte> data) {
   }
 }
 
-void File::write_at(int64_t offset, std::span<const std::byte> data) const {
+size_t File::write_direct(int64_t offset, std::span<const std::byte> data) const {
+  // Below 1 MiB a direct write (which waits for the disk) gains nothing over the page cache.
+  constexpr size_t kDirectMin = size_t{1} << 20;
+  if (direct_fd_ < 0 || data.size() < kDirectMin || offset % direct_unit_ != 0 ||
+      reinterpret_cast<uintptr_t>(data.data()) % static_cast<uintptr_t>(direct_mem_align_) != 0) {
+    return 0;
+  }
+  const auto unit = static_cast<size_t>(direct_unit_);
+  const size_t whole = data.size() / unit * unit;
   size_t done = 0;
+  while (done < whole) {
+    ssize_t n = ::pwrite(direct_fd_, data.data() + done, whole - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL) break;  // refused after all (a file system's own rule): the rest goes buffered
+      fail(path_, "cannot write", errno);
+    }
+    done += static_cast<size_t>(n);
+    if (done % unit != 0) break;  // a short write off the alignment: the rest goes buffered
+  }
+  return done;
+}
+
+void File::write_at(int64_t offset, std::span<const std::byte> data) const {
+  size_t done = write_direct(offset, data);
   while (done < data.size()) {
     ssize_t n = ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
     if (n < 0) {
@@ -224,6 +285,14 @@ void File::sync() {
 }
 
 void File::close() {
+  if (direct_fd_ >= 0) {
+    const int fd = std::exchange(direct_fd_, -1);
+    if (::close(fd) != 0 && fd_ >= 0) {
+      const int err = errno;
+      ::close(std::exchange(fd_, -1));
+      fail(path_, "cannot close", err);
+    }
+  }
   if (fd_ < 0) return;
   int fd = fd_;
   fd_ = -1;

@@ -54,7 +54,17 @@ class File {
   bool map_into(std::byte* at, int64_t offset, int64_t size) const;
   void write_all(std::span<const std::byte> data);
   // All of `data` at `offset` (pwrite): threads may write disjoint ranges of one file at once.
+  // After enable_direct_writes, a large part on the file system's direct-I/O alignment goes
+  // around the page cache (see there); the rest, and everything otherwise, is buffered.
   void write_at(int64_t offset, std::span<const std::byte> data) const;
+  // Opens a second descriptor with O_DIRECT for write_at, where the file system reports direct
+  // I/O (statx STATX_DIOALIGN); false, changing nothing, where it does not or refuses. For durable
+  // saves, whose bytes must reach the disk anyway: a buffered write copies them into fresh
+  // page-cache pages the kernel first zeroes, and that, not the disk, bounded a save here (2 GiB
+  // from 2 threads: 1.55 to 1.86 GB/s direct against 0.80 to 1.00 buffered + fsync, dd, 3 runs
+  // each). Its bytes then are not in the page cache: a later restore reads the disk.
+  bool enable_direct_writes();
+  bool direct_writes() const { return direct_fd_ >= 0; }
   // Starts writing [offset, offset + size) to the disk without waiting for it
   // (sync_file_range(SYNC_FILE_RANGE_WRITE)): the disk gets a writer's part of a shared file while
   // the writers go on, and the final sync() has less left to do. Durability is sync()'s job.
@@ -68,8 +78,14 @@ class File {
 
  private:
   File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+  // The direct part of write_at: at most `data`'s whole units from `offset`, when the offset,
+  // the address and the size allow it; returns how many bytes it wrote (0: none, write buffered).
+  size_t write_direct(int64_t offset, std::span<const std::byte> data) const;
   int fd_ = -1;
   std::filesystem::path path_;
+  int direct_fd_ = -1;
+  int64_t direct_unit_ = 0;       // offsets and sizes of direct writes: multiples of this
+  int64_t direct_mem_align_ = 0;  // and the bytes' address
 };
 
 // `size` bytes of address space, page aligned, backed by nothing yet (PROT_NONE) for File::map_into

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -15,6 +17,13 @@
 namespace tessel {
 
 struct StagedState::Impl {
+  // A block's host copy, on a page boundary so that a durable save can write it to the disk
+  // directly (File::enable_direct_writes), as it does a device's block.
+  struct FreeBytes {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  using HostCopy = std::unique_ptr<std::byte[], FreeBytes>;
+  static HostCopy copy_of(std::span<const std::byte> bytes);
   struct Block {
     Box box;
     std::span<const std::byte> bytes;
@@ -30,7 +39,7 @@ struct StagedState::Impl {
   };
   std::vector<Param> params;
   std::optional<Runtime> runtime;             // of the arrays; none for an empty state
-  std::vector<std::vector<std::byte>> owned;  // the host copies the blocks point into (staged)
+  std::vector<HostCopy> owned;                // the host copies the blocks point into (staged)
   std::vector<Array> held;                    // or the arrays themselves (synchronous save)
   int64_t bytes = 0;
 };
