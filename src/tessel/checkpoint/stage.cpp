@@ -20,8 +20,9 @@ int64_t StagedState::bytes() const { return impl_->bytes; }
 
 StagedState::Impl::HostCopy StagedState::Impl::copy_of(std::span<const std::byte> bytes) {
   if (bytes.empty()) return nullptr;
-  constexpr size_t kPage = 4096;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(kPage, (bytes.size() + kPage - 1) / kPage * kPage));
+  // Only blocks a direct write takes (1 MiB and more) need a whole page; smaller ones a cache line.
+  const size_t align = bytes.size() >= (size_t{1} << 20) ? 4096 : 64;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, (bytes.size() + align - 1) / align * align));
   if (p == nullptr) throw std::bad_alloc();
   std::memcpy(p, bytes.data(), bytes.size());
   return HostCopy(p);

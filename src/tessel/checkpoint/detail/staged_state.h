@@ -17,8 +17,8 @@
 namespace tessel {
 
 struct StagedState::Impl {
-  // A block's host copy, on a page boundary so that a durable save can write it to the disk
-  // directly (File::enable_direct_writes), as it does a device's block.
+  // A block's host copy; from 1 MiB on a page boundary, so that a durable save can write it to
+  // the disk directly (File::enable_direct_writes), as it does a device's block.
   struct FreeBytes {
     void operator()(std::byte* p) const { std::free(p); }
   };
