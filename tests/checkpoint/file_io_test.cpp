@@ -1,4 +1,5 @@
 // The checkpoint layer's file access: direct writes (O_DIRECT) beside buffered ones.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -117,6 +118,51 @@ TEST(FileDirectWrites, MovedFilesKeepTheirDirectDescriptor) {
   c.close();
   EXPECT_TRUE(read_back(tmp.path() / "f") == std::string(reinterpret_cast<const char*>(src.data.get()), 2 * kMiB));
   EXPECT_EQ(fs::file_size(tmp.path() / "g"), 0u);
+}
+
+// Drops a file's clean pages from the page cache (POSIX_FADV_DONTNEED after fsync).
+void evict(const fs::path& path) {
+  File f = File::open_write(path);
+  f.sync();
+  f.close();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) throw std::runtime_error("cannot evict");
+  ::close(fd);
+}
+
+// A cold mapped restore reads a chunk's bytes into the page cache with read() first.
+TEST(FileReadIntoCache, BringsTheRangeInAndStopsQuietlyAtTheEnd) {
+  testing::TempDir tmp;
+  std::mt19937 rng(20261129);
+  const fs::path path = tmp.path() / "f";
+  const AlignedBytes src(6 * kMiB, rng);
+  {
+    File f = File::create(path);
+    f.write_all(src.span(0, src.size));
+    f.sync();
+    f.close();
+  }
+  evict(path);
+  const File f = File::open_read(path);
+  std::optional<detail::MappedBytes> chunk = f.map(kMiB + 64, 3 * kMiB);
+  ASSERT_TRUE(chunk);
+  const std::span<const std::byte> view(chunk->data(), static_cast<size_t>(chunk->size()));
+  std::vector<bool> before = resident(path, kMiB + 64, 3 * kMiB);
+  ASSERT_EQ(std::count(before.begin(), before.end(), true), 0) << "the page cache kept the file: cannot test";
+  EXPECT_FALSE(detail::resident(view));
+
+  f.read_into_cache(kMiB + 64, 3 * kMiB);
+  const std::vector<bool> after = resident(path, kMiB + 64, 3 * kMiB);
+  EXPECT_EQ(std::count(after.begin(), after.end(), true), static_cast<long>(after.size()));
+  EXPECT_TRUE(detail::resident(view));
+  detail::populate(view, "the test file");
+  EXPECT_EQ(std::memcmp(view.data(), src.span(kMiB + 64, 3 * kMiB).data(), view.size()), 0);
+
+  // Past the file's end: what is there comes in, the rest is left to populate() to report.
+  evict(path);
+  f.read_into_cache(5 * kMiB, 4 * kMiB);
+  const std::vector<bool> tail = resident(path, 5 * kMiB, kMiB);
+  EXPECT_EQ(std::count(tail.begin(), tail.end(), true), static_cast<long>(tail.size()));
 }
 
 // A durable OCDBT save writes its large values directly: from 4 threads, of sizes on and off the

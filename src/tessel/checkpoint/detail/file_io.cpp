@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -86,6 +88,17 @@ File::~File() {
   if (direct_fd_ >= 0) ::close(direct_fd_);
 }
 
+int File::reopen(int flags) const {
+  const int fd = ::open(path_.c_str(), flags | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat mine {}, other {};
+  if (::fstat(fd_, &mine) != 0 || ::fstat(fd, &other) != 0 || mine.st_dev != other.st_dev || mine.st_ino != other.st_ino) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 bool File::enable_direct_writes() {
   if (direct_fd_ >= 0) return true;
 #ifdef STATX_DIOALIGN
@@ -96,14 +109,8 @@ bool File::enable_direct_writes() {
   }
   const long page = ::sysconf(_SC_PAGE_SIZE);
   if (page <= 0) return false;
-  // A second open of the same path, checked to be the same file (nothing replaced it between).
-  const int fd = ::open(path_.c_str(), O_WRONLY | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
+  const int fd = reopen(O_WRONLY | O_DIRECT);
   if (fd < 0) return false;
-  struct stat mine {}, other {};
-  if (::fstat(fd_, &mine) != 0 || ::fstat(fd, &other) != 0 || mine.st_dev != other.st_dev || mine.st_ino != other.st_ino) {
-    ::close(fd);
-    return false;
-  }
   // Whole pages, so that the buffered rest of a write never shares a page with its direct part.
   direct_unit_ = std::max<int64_t>(st.stx_dio_offset_align, page);
   direct_mem_align_ = st.stx_dio_mem_align;
@@ -139,6 +146,26 @@ void File::read_exact(int64_t offset, std::span<std::byte> out) const {
 
 void File::will_need(int64_t offset, int64_t size) const noexcept {
   if (size > 0) ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(size), POSIX_FADV_WILLNEED);
+}
+
+void File::read_into_cache(int64_t offset, int64_t size) const noexcept {
+  constexpr size_t kPiece = size_t{128} << 10;
+  thread_local std::unique_ptr<std::byte[]> scratch(new (std::nothrow) std::byte[kPiece]);
+  if (!scratch) return;
+  // A description of its own: the kernel keeps one readahead state per open file description,
+  // and threads reading other parts of a shared one (an OCDBT data file) would mix theirs (4 cold
+  // OCDBT restores: better in 3 of 4, 1.46 to 1.71 GB/s against 1.33 to 1.76).
+  const int mine = reopen(O_RDONLY);
+  const int fd = mine >= 0 ? mine : fd_;
+  ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(size), POSIX_FADV_SEQUENTIAL);
+  for (int64_t done = 0; done < size;) {
+    const auto want = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kPiece), size - done));
+    const ssize_t n = ::pread(fd, scratch.get(), want, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += n;
+  }
+  if (mine >= 0) ::close(mine);
 }
 
 std::optional<MappedBytes> File::map(int64_t offset, int64_t size) const {
@@ -185,6 +212,15 @@ void will_need(std::span<const std::byte> mapped) noexcept {
   if (mapped.empty()) return;
   const auto [begin, size] = from_page_start(mapped);
   ::madvise(begin, size, MADV_WILLNEED);
+}
+
+bool resident(std::span<const std::byte> mapped) {
+  if (mapped.empty()) return true;
+  const auto [begin, size] = from_page_start(mapped);
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGE_SIZE));
+  std::vector<unsigned char> pages((size + page - 1) / page);
+  if (::mincore(begin, size, pages.data()) != 0) return false;
+  return std::all_of(pages.begin(), pages.end(), [](unsigned char c) { return (c & 1) != 0; });
 }
 
 void populate(std::span<const std::byte> mapped, const std::string& where) {

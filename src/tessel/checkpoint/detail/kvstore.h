@@ -36,6 +36,10 @@ class StoredValue {
   void will_need() const noexcept {
     if (file_) file_->will_need(offset_, size_);
   }
+  // Reads the whole value into the page cache (File::read_into_cache); a no-op in memory.
+  void read_into_cache() const noexcept {
+    if (file_) file_->read_into_cache(offset_, size_);
+  }
   // The value mapped copy-on-write (File::map); nullopt for bytes in memory or where it cannot be.
   std::optional<MappedBytes> map() const { return file_ ? file_->map(offset_, size_) : std::nullopt; }
   // The value mapped at `at`, inside a reserve_mapping range (File::map_into); false where it cannot be.
