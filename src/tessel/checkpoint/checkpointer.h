@@ -128,7 +128,7 @@ struct RestoreOptions {
   std::optional<Mesh> mesh;                         // for kReplicated
   int64_t staging_bytes = int64_t{256} << 20;       // host bytes for chunk decoding at once
   int readers = 0;                                  // 0: max(2, cores), at most 16; and
-                                                    // max(4, cores) to read mapped chunks in
+                                                    // max(8, cores) to read mapped chunks in
   bool verify_checksums = true;                     // of every chunk read whole
   // A device block that is exactly one uncompressed chunk of its dtype (the same mesh, chunks of
   // at least 1 MiB) maps the chunk's file bytes copy-on-write instead of copying them into fresh

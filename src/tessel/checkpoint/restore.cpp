@@ -198,12 +198,12 @@ void map_block(const LeafRead& p, MappedBlock& m) {
   m.bytes.emplace(std::move(*range));
 }
 
-// Reads chunk k of a mapped block in (from the disk when its pages are not cached) and compares
-// it with its saved CRC-32C.
-void check_mapped_chunk(const LeafRead& p, const MappedBlock& m, size_t k, bool verify) {
+// Reads chunk k of a mapped block in (from the disk when its pages are not cached: `cached` is
+// what resident() said before) and compares it with its saved CRC-32C.
+void check_mapped_chunk(const LeafRead& p, const MappedBlock& m, size_t k, bool cached, bool verify) {
   const std::string key = p.zarr.chunk_key(m.chunks[k]);
   const std::span<const std::byte> view = m.chunk(k, p.zarr.chunk_bytes());
-  if (!detail::resident(view)) {  // cold: read() brings it in faster than the mapping's faults
+  if (!cached) {  // read() brings it in faster than the mapping's page faults
     if (auto value = locate_chunk(p, m.chunks[k], key)) value->read_into_cache();
   }
   detail::will_need(view);
@@ -552,17 +552,29 @@ State restore_impl(const Runtime& rt, const fs::path& item_dir, const State* tar
     MappedBlock& m = candidates[static_cast<size_t>(t)];
     map_block(plans[m.param], m);
   });
-  // Reading the chunks in, cold, mostly waits on the disk: more threads than cores keep more of
-  // it busy (16 MiB chunk files and OCDBT values, 2 cores, 4 to 5 cold rounds each: 4 threads
-  // 1.36 to 1.74 GB/s against 1.01 to 1.12 for 2 threads with hints ahead; 8 threads better on
-  // files, worse on OCDBT; 16 worse on both).
-  std::vector<std::pair<size_t, size_t>> mapped_chunks;  // (candidate, chunk)
-  for (size_t c = 0; c < candidates.size(); ++c)
-    if (candidates[c].bytes)
-      for (size_t k = 0; k < candidates[c].chunks.size(); ++k) mapped_chunks.emplace_back(c, k);
-  run_parallel(static_cast<int64_t>(mapped_chunks.size()), default_threads(options.readers, 4), [&](int64_t t) {
-    const auto [c, k] = mapped_chunks[static_cast<size_t>(t)];
-    check_mapped_chunk(plans[candidates[c].param], candidates[c], k, options.verify_checksums);
+  struct MappedChunk {
+    size_t candidate, chunk;
+    bool cached;  // every page in the page cache already
+  };
+  std::vector<MappedChunk> mapped_chunks;
+  bool all_cached = true;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    if (!candidates[c].bytes) continue;
+    for (size_t k = 0; k < candidates[c].chunks.size(); ++k) {
+      const bool cached = detail::resident(candidates[c].chunk(k, plans[candidates[c].param].zarr.chunk_bytes()));
+      mapped_chunks.push_back({c, k, cached});
+      all_cached = all_cached && cached;
+    }
+  }
+  // Cached, populating the mappings is the cores' work; reading chunks in mostly waits on the
+  // disk, and more threads than cores keep more of it busy (2 cores, 2 GiB in 16 MiB chunk files,
+  // 4 cold rounds: 8 threads 1.71 to 2.00 GB/s, 4 threads 1.40 to 1.88; OCDBT's 4 data files
+  // 1.70 to 1.82 and 1.72 to 1.93).
+  const int map_threads = all_cached ? readers : default_threads(options.readers, 8);
+  run_parallel(static_cast<int64_t>(mapped_chunks.size()), map_threads, [&](int64_t t) {
+    const MappedChunk& m = mapped_chunks[static_cast<size_t>(t)];
+    check_mapped_chunk(plans[candidates[m.candidate].param], candidates[m.candidate], m.chunk, m.cached,
+                       options.verify_checksums);
   });
   int64_t bytes_mapped = 0, chunks_mapped = 0;
   for (MappedBlock& m : candidates) {
