@@ -107,7 +107,8 @@ std::optional<MappedBytes> reserve_mapping(int64_t size);
 void will_need(std::span<const std::byte> mapped) noexcept;
 
 // Whether every page of mapped file bytes is in the page cache (mincore). Where the kernel does
-// not tell (a file the caller may not write, Linux 5.2 on), it answers true.
+// not tell (a file the caller neither owns nor may write, Linux 5.2 on), it answers true; where
+// mincore fails, false.
 bool resident(std::span<const std::byte> mapped);
 
 // Reads the pages of mapped file bytes in (MADV_POPULATE_READ), so that a file cut short or a disk
