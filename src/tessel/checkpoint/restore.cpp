@@ -206,7 +206,6 @@ void check_mapped_chunk(const LeafRead& p, const MappedBlock& m, size_t k, bool 
   if (!cached) {  // read() brings it in faster than the mapping's page faults
     if (auto value = locate_chunk(p, m.chunks[k], key)) value->read_into_cache();
   }
-  detail::will_need(view);
   detail::populate(view, chunk_what(p, key));
   if (verify && p.meta->crc32c.contains(key)) check_crc(p, key, detail::crc32c(view));
 }

@@ -208,12 +208,6 @@ std::pair<void*, size_t> from_page_start(std::span<const std::byte> mapped) {
 
 }  // namespace
 
-void will_need(std::span<const std::byte> mapped) noexcept {
-  if (mapped.empty()) return;
-  const auto [begin, size] = from_page_start(mapped);
-  ::madvise(begin, size, MADV_WILLNEED);
-}
-
 bool resident(std::span<const std::byte> mapped) {
   if (mapped.empty()) return true;
   const auto [begin, size] = from_page_start(mapped);

@@ -102,10 +102,6 @@ class File {
 // to fill; nullopt where the system refuses.
 std::optional<MappedBytes> reserve_mapping(int64_t size);
 
-// Asks the kernel to start reading mapped file bytes into the page cache (MADV_WILLNEED, as
-// File::will_need), without holding the file open. A hint only: failures are ignored.
-void will_need(std::span<const std::byte> mapped) noexcept;
-
 // Whether every page of mapped file bytes is in the page cache (mincore). Where the kernel does
 // not tell (a file the caller neither owns nor may write, Linux 5.2 on), it answers true; where
 // mincore fails, false.
