@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tessel import _tessel
+from tessel._path import is_url, local_path
 from tessel._tessel import ArgumentError, LogicalRules, MemoryPlan, Mesh, ModelConfig, NamedSharding
 
 
@@ -54,8 +55,8 @@ def load_model(model: str | os.PathLike | Mapping[str, Any] | ModelConfig) -> Mo
         return model
     if isinstance(model, Mapping):
         return _tessel.parse_model(json.dumps(dict(model)))  # JSON is YAML's flow style
-    if isinstance(model, os.PathLike):
-        return _tessel.load_model_file(os.fspath(model))
+    if isinstance(model, os.PathLike) or is_url(model):
+        return _tessel.load_model_file(local_path(model, "model"))
     if isinstance(model, str):
         is_text = "\n" in model or ":" in model or model.lstrip().startswith("{")
         return _tessel.parse_model(model) if is_text else _tessel.load_model_file(model)
@@ -76,8 +77,8 @@ def load_maxtext_model(model: str | os.PathLike, base: str | os.PathLike, *, set
         sets = [f"{k}={json.dumps(v)}" for k, v in set.items()]  # JSON values are YAML
     else:
         sets = [str(s) for s in set]
-    return _tessel.load_maxtext_model(os.fspath(model), os.fspath(base), sets,
-                                      None if rules is None else os.fspath(rules))
+    return _tessel.load_maxtext_model(local_path(model, "model"), local_path(base, "base"), sets,
+                                      None if rules is None else local_path(rules, "rules"))
 
 
 def _rules_for(model: ModelConfig, rules) -> LogicalRules:
@@ -93,8 +94,10 @@ def load_rules(rules: LogicalRules | Sequence | str | os.PathLike) -> LogicalRul
     or a Flax-style list of (logical name, mesh axes) pairs."""
     if isinstance(rules, LogicalRules):
         return rules
-    if isinstance(rules, (str, os.PathLike)):
-        return _tessel.load_rules(os.fspath(rules))
+    if isinstance(rules, os.PathLike) or is_url(rules):
+        return _tessel.load_rules(local_path(rules, "rules"))
+    if isinstance(rules, str):
+        return _tessel.load_rules(rules)
     if isinstance(rules, (list, tuple)):
         return LogicalRules(list(rules))
     raise ArgumentError(f"rules: {rules!r} is not a path, YAML text, a list of (name, axes) pairs or LogicalRules")

@@ -23,6 +23,7 @@ import numpy as np
 
 from tessel import _tessel
 from tessel._jax import from_jax, to_jax
+from tessel._path import local_path
 from tessel._tessel import ArgumentError, Error as tessel_error, IoError, LogicalRules, Mesh, NamedSharding, PartitionSpec
 
 SEQUENCE_KEY = 1  # Orbax's KeyType.SEQUENCE: the key is a list/tuple index
@@ -269,6 +270,7 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
     onto another mesh resolves them again. Layout: OCDBT + zarr v2 (Orbax's default), zarr3 with
     `use_zarr3`, plain files with `use_ocdbt=False`; `compression` is "none", "zstd" or "zstd:L".
     """
+    path = local_path(path, "path")
     leaves, sequences = _flatten(tree)
     given = _flat_map(shardings, _is_sharding_leaf)
     axes = _flat_map(logical_axes, lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
@@ -289,6 +291,7 @@ def save_safetensors(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh 
     the paths with '.' between levels ({"model": {"embed": w}} -> "model.embed"); `metadata` is
     every file's `__metadata__` (transformers writes {"format": "pt"}). Shardings as in `save`:
     each distinct block is written once, straight to its place in the file."""
+    path = local_path(path, "path")
     if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 0:
         raise ArgumentError(f"max_file_bytes must be a non-negative int, not {max_file_bytes!r}")
     meta = dict(metadata or {})
@@ -339,7 +342,7 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
     Returns the tree (dicts, and lists where Orbax recorded sequences) of ShardedArrays, or of
     jax.Arrays with `as_jax=True`.
     """
-    item_dir = _tessel.find_item_dir(str(path), step, item)
+    item_dir = _tessel.find_item_dir(local_path(path, "path"), step, item)
     saved = {rec[0]: rec for rec in _tessel.saved_leaves(item_dir)}
     wanted = _selected(saved, select)
     given = _flat_map(shardings, _is_sharding_leaf)
@@ -348,7 +351,7 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
             raise ArgumentError(f"shardings names '{p}', which '{item_dir}' does not hold")
     from_mesh = {}
     if isinstance(logical_axes, (str, os.PathLike)):
-        logical_axes = _tessel.load_target_logical_axes(os.fspath(logical_axes))
+        logical_axes = _tessel.load_target_logical_axes(local_path(logical_axes, "logical_axes"))
     if mesh is not None:
         missing = [p for p in wanted if p not in given]
         if missing:
@@ -437,8 +440,9 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
     `map_vars` ({"head_dim": 128}). Returns the format written; a failure raises tessel.Error with
     the tool's message."""
     import subprocess
-    args = [_cli(), "ckpt", "convert", os.fspath(src), os.fspath(dst)]
-    fmt = _tessel.item_storage(_tessel.find_item_dir(str(src), step, item))[3]
+    src, dst = local_path(src, "src"), local_path(dst, "dst")
+    args = [_cli(), "ckpt", "convert", src, dst]
+    fmt = _tessel.item_storage(_tessel.find_item_dir(src, step, item))[3]
     to = to or ("orbax" if fmt == "safetensors" else "safetensors")
     if to not in ("orbax", "safetensors"):
         raise ArgumentError(f"to must be 'orbax' or 'safetensors', not {to!r}")
@@ -450,7 +454,7 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
     if mesh is not None:
         args += ["--mesh", ",".join(f"{a}={n}" for a, n in zip(mesh.axis_names, mesh.shape.values()))]
     if rules is not None:
-        args += ["--rules", os.fspath(rules)]
+        args += ["--rules", local_path(rules, "rules")]
     if dtype is not None:
         args += ["--dtype", dtype if isinstance(dtype, str) else np.dtype(dtype).name]
     if step is not None:
@@ -462,7 +466,7 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
     if rename:
         args += ["--rename", ",".join(f"{a}={b}" for a, b in rename.items())]
     if map is not None:
-        args += ["--map", os.fspath(map)]
+        args += ["--map", local_path(map, "map")]
     if map_vars:
         args += ["--map-var", ",".join(f"{k}={v}" for k, v in map_vars.items())]
     if to == "orbax":
@@ -480,18 +484,19 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
 
 def steps(root: str) -> list[int]:
     """The committed steps of a directory of steps, ascending."""
-    return list(_tessel.list_steps(str(root)))
+    return list(_tessel.list_steps(local_path(root, "root")))
 
 
 def items(step_dir: str) -> list[dict]:
     """The items of an Orbax step directory: name, handler and whether it holds arrays."""
-    return [{"name": n, "handler": h, "holds_arrays": a} for n, h, a in _tessel.list_items(str(step_dir))]
+    return [{"name": n, "handler": h, "holds_arrays": a}
+            for n, h, a in _tessel.list_items(local_path(step_dir, "step_dir"))]
 
 
 def info(path: str, *, step: int | None = None, item: str | None = None) -> dict:
     """What `tessel ckpt info --json` shows: the item, its storage and, per array, its dtype,
     shape, chunks, stored bytes, codec, saved sharding and logical axes."""
-    item_dir = _tessel.find_item_dir(str(path), step, item)
+    item_dir = _tessel.find_item_dir(local_path(path, "path"), step, item)
     use_ocdbt, use_zarr3, rules, fmt, metadata = _tessel.item_storage(item_dir)
     storage = "safetensors" if fmt == "safetensors" else (
         ("OCDBT" if use_ocdbt else "files") + ", " + ("zarr3" if use_zarr3 else "zarr v2"))
@@ -504,7 +509,7 @@ def info(path: str, *, step: int | None = None, item: str | None = None) -> dict
 def verify(path: str, *, step: int | None = None, item: str | None = None) -> dict:
     """Reads every chunk and checks sizes, decoding and CRC-32C. Returns the report; its
     "faults" list names each bad chunk (empty when the item is sound)."""
-    item_dir = _tessel.find_item_dir(str(path), step, item)
+    item_dir = _tessel.find_item_dir(local_path(path, "path"), step, item)
     report = _tessel.verify(item_dir)
     report["item"] = item_dir
     return report

@@ -468,9 +468,9 @@ void add_ckpt_command(CLI::App& app) {
       "ckpt", "Inspect, verify, restore, export, reshard and convert checkpoints (Orbax items, safetensors)");
   ckpt->require_subcommand(1);
   auto common = [&](CLI::App* c) {
-    c->add_option("dir", args->dir,
-                  "A checkpoint: an Orbax item, step directory or directory of steps; or a .safetensors file, "
-                  "a .safetensors.index.json or a directory holding model.safetensors[.index.json]")
+    path_option(c->add_option("dir", args->dir,
+                               "A checkpoint: an Orbax item, step directory or directory of steps; or a .safetensors "
+                               "file, a .safetensors.index.json or a directory holding model.safetensors[.index.json]"))
         ->required();
     c->add_option("--step", args->step, "Step to use in a directory of steps (default: the latest)");
     c->add_option("--item", args->item, "Item of the step to use (default: its only PyTree item)");
@@ -479,16 +479,16 @@ void add_ckpt_command(CLI::App& app) {
     auto* m = c->add_option("--mesh", args->mesh, required ? "Target mesh, e.g. data=2,tensor=4"
                                                            : "Mesh to restore onto on the way (default: one device)");
     if (required) m->required();
-    c->add_option("--rules", args->rules, "Logical axis rules (default: the rules saved with the checkpoint)");
+    path_option(c->add_option("--rules", args->rules, "Logical axis rules (default: the rules saved with the checkpoint)"));
     c->add_option("--paths", args->paths, "Only these parameters (comma-separated paths)");
     c->add_option("--select", args->select,
                   "Only the parameters matching these globs (comma-separated; '.' or '/' between levels), "
                   "e.g. 'params.params.decoder.*'");
-    c->add_option("--shardings", args->shardings,
-                  "Target specs by path: JSON {path: spec} or MaxText's named_shardings.json")
+    path_option(c->add_option("--shardings", args->shardings,
+                               "Target specs by path: JSON {path: spec} or MaxText's named_shardings.json"))
         ->check(CLI::ExistingFile);
-    c->add_option("--logical-axes", args->logical_axes,
-                  "Target logical axes by path (MaxText's logical_shardings.json), resolved with --rules")
+    path_option(c->add_option("--logical-axes", args->logical_axes,
+                               "Target logical axes by path (MaxText's logical_shardings.json), resolved with --rules"))
         ->check(CLI::ExistingFile);
     c->add_option("--axis-map", args->axis_map, "Saved mesh axes onto target axes: old=new,... (old= drops one, *= every axis the mesh lacks)");
     c->add_option("--staging-mb", args->staging_mb, "Host staging budget for chunk decoding, MiB")->check(CLI::PositiveNumber);
@@ -509,11 +509,11 @@ void add_ckpt_command(CLI::App& app) {
   CLI::App* e = ckpt->add_subcommand("export", "Write one parameter as a NumPy .npy file");
   common(e);
   e->add_option("--path", args->path, "Parameter path, e.g. decoder/layers/mlp/wo/kernel")->required();
-  e->add_option("--out", args->out, "Output .npy file")->required();
+  path_option(e->add_option("--out", args->out, "Output .npy file"))->required();
   e->callback([args] { export_command(*args); });
   CLI::App* s = ckpt->add_subcommand("reshard", "Restore onto a mesh and save for that layout");
   common(s);
-  s->add_option("dst", args->dst, "New checkpoint directory (must not exist)")->required();
+  path_option(s->add_option("dst", args->dst, "New checkpoint directory (must not exist)"))->required();
   mesh_opts(s);
   s->add_option("--compression", args->compression, "none, zstd or zstd:<level>");
   add_storage_options(s, args->storage);
@@ -525,7 +525,7 @@ void add_ckpt_command(CLI::App& app) {
       "  tessel ckpt convert hf_model/ ckpt/params             # safetensors -> Orbax item\n"
       "  tessel ckpt convert ckpt/7 out/ --max-file-mb 4096      # Orbax -> model-0000i-of-0000N.safetensors");
   common(c);
-  c->add_option("dst", args->dst, "New directory (must not exist): an Orbax item, or a Hugging Face model directory")
+  path_option(c->add_option("dst", args->dst, "New directory (must not exist): an Orbax item, or a Hugging Face model directory"))
       ->required();
   c->add_option("--to", args->to,
                  "orbax, safetensors (default: the other format) or maxtext-params: MaxText's parameter-only "
@@ -539,10 +539,9 @@ void add_ckpt_command(CLI::App& app) {
   c->add_option("--compression", args->compression, "Orbax: none, zstd or zstd:<level>");
   add_storage_options(c, args->storage);
   c->add_option("--rename", args->rename, "Move subtrees: old=new prefixes ('params.params=' strips one)");
-  c->add_option("--map", args->map,
-                "Key map between two trees (YAML: rename by patterns, transpose, split, interleave, stack layers, "
-                "scale), applied "
-                "forward or backward as the source's names match; see examples/maps/")
+  path_option(c->add_option("--map", args->map,
+                            "Key map between two trees (YAML: rename by patterns, transpose, split, interleave, stack "
+                            "layers, scale), applied forward or backward as the source's names match; see examples/maps/"))
       ->check(CLI::ExistingFile);
   c->add_option("--map-var", args->map_vars, "Values for the map's {names}: NAME=VALUE,...");
   c->callback([args] { convert_command(*args); });

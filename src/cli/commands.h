@@ -41,6 +41,10 @@ void end_mpi(bool failed);
 // "process 1 of 2: " when running across MPI processes, else "".
 std::string process_label();
 
+// Makes `option` a path: a URL other than file:///path is refused as a bad command line (object
+// stores are not supported yet), before anything is written; file:///path becomes the path.
+CLI::Option* path_option(CLI::Option* option);
+
 // --storage and --zarr3, for every command that writes checkpoints.
 struct StorageArgs {
   std::string storage = "ocdbt";

@@ -8,13 +8,13 @@
 namespace tessel::cli {
 
 void add_model_options(CLI::App* cmd, ModelArgs& args, const std::string& model_help, const std::string& rules_help) {
-  cmd->add_option("--model", args.model, model_help)->check(CLI::ExistingFile);
-  cmd->add_option("--base", args.base,
-                  "MaxText's base.yml: --model is then a MaxText model file (configs/models/<name>.yml) read over it")
+  path_option(cmd->add_option("--model", args.model, model_help))->check(CLI::ExistingFile);
+  path_option(cmd->add_option("--base", args.base,
+                              "MaxText's base.yml: --model is then a MaxText model file (configs/models/<name>.yml) read over it"))
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", args.sets,
                   "MaxText config override key=value, applied last (repeat it), e.g. --set scan_layers=false");
-  cmd->add_option("--rules", args.rules, rules_help)->check(CLI::ExistingFile);
+  path_option(cmd->add_option("--rules", args.rules, rules_help))->check(CLI::ExistingFile);
 }
 
 ModelConfig load_model(const ModelArgs& a) {

@@ -125,9 +125,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--mesh", args->mesh,
                   "Mesh axes and sizes, e.g. data=16,fsdp=64,tensor=8 (MaxText models: or --devices N and the "
                   "config's ici_* parallelism)");
-  cmd->add_option("--dump-shardings", args->dump_shardings,
-                  "Write logical_shardings.json and named_shardings.json of the TrainState here, in MaxText's "
-                  "sharding_dump.py format (MaxText models)");
+  path_option(cmd->add_option("--dump-shardings", args->dump_shardings,
+                              "Write logical_shardings.json and named_shardings.json of the TrainState here, in "
+                              "MaxText's sharding_dump.py format (MaxText models)"));
   cmd->add_option("--optimizer", args->optimizer, "none, sgd (momentum) or adamw; implies gradients")
       ->check(CLI::IsMember({"none", "sgd", "sgd_momentum", "adamw"}));
   cmd->add_flag("--gradients", args->gradients, "Count one gradient per parameter");

@@ -120,8 +120,8 @@ void add_shardings_command(CLI::App& app) {
   add_model_options(cmd, args->model, "A MaxText model file (with --base): resolve its TrainState's leaves",
                     "Logical axis rules: MaxText YAML (logical_axis_rules, mesh_axes) or JSON; with --base, a "
                     "custom mesh-and-rule file replacing base.yml's");
-  cmd->add_option("--logical", args->logical,
-                  "MaxText logical dump: {path: {\"partition_spec\": [names], \"shape\": [...]}}")
+  path_option(cmd->add_option("--logical", args->logical,
+                              "MaxText logical dump: {path: {\"partition_spec\": [names], \"shape\": [...]}}"))
       ->check(CLI::ExistingFile);
   cmd->add_option("--mesh", args->mesh, "Mesh axes and sizes in device order, e.g. data=2,fsdp=4");
   cmd->add_option("--devices", args->devices, "With --model and no --mesh: MaxText's mesh for this many devices");
@@ -132,7 +132,7 @@ void add_shardings_command(CLI::App& app) {
   cmd->add_flag("--strict", args->strict,
                 "Fail when a named dimension ends unsharded because all its rules were blocked, or has no rule");
   cmd->add_flag("--explain", args->explain, "Print each rule tried per dimension and why, instead of JSON");
-  cmd->add_option("--out", args->out, "Write the output to this file instead of stdout");
+  path_option(cmd->add_option("--out", args->out, "Write the output to this file instead of stdout"));
   cmd->add_option("--spec", args->spec, "One PartitionSpec as JSON, e.g. '[\"fsdp\", null]'");
   cmd->add_option("--shape", args->shape, "Global shape for --spec, e.g. 16,8");
   cmd->add_flag("--show", args->show, "Draw the sharding as text (per entry with --rules/--logical)");

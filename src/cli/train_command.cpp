@@ -356,8 +356,8 @@ void add_train_command(CLI::App& app) {
   c->add_option("--clip", args->clip, "Global gradient-norm clipping (0: none)")->capture_default_str();
   c->add_option("--weight-decay", args->weight_decay, "AdamW's decoupled weight decay")->capture_default_str();
   c->add_option("--seed", args->seed, "Seed of the parameters and of the data order")->capture_default_str();
-  c->add_option("--data", args->data, "Training text (default: /usr/share/common-licenses/GPL-3)");
-  c->add_option("--checkpoint-dir", args->checkpoint_dir, "Save checkpoints here (Orbax layout)");
+  path_option(c->add_option("--data", args->data, "Training text (default: /usr/share/common-licenses/GPL-3)"));
+  path_option(c->add_option("--checkpoint-dir", args->checkpoint_dir, "Save checkpoints here (Orbax layout)"));
   c->add_option("--layout", args->layout,
                 "Checkpoint layout: tessel (the train state as item 'default') or maxtext (MaxText's TrainState as "
                 "item 'items': params/params/..., opt_state/0/{count,mu,nu}, step)")
@@ -366,10 +366,11 @@ void add_train_command(CLI::App& app) {
   c->add_option("--checkpoint-every", args->checkpoint_every, "Save every K steps (and always at the end)");
   c->add_option("--keep", args->keep, "Checkpoints to keep")->capture_default_str();
   c->add_flag("--resume", args->resume, "Continue from the latest checkpoint, on the mesh given now");
-  c->add_option("--init-from", args->init_from,
-                "Start from the parameters of this checkpoint (tessel's tree, MaxText's params/params, or one "
-                "converted from safetensors) with a fresh optimizer; a checkpoint --resume finds comes first");
-  c->add_option("--metrics", args->metrics, "Write one JSON object per step to this file (jsonl)");
+  path_option(c->add_option("--init-from", args->init_from,
+                            "Start from the parameters of this checkpoint (tessel's tree, MaxText's params/params, "
+                            "or one converted from safetensors) with a fresh optimizer; a checkpoint --resume finds "
+                            "comes first"));
+  path_option(c->add_option("--metrics", args->metrics, "Write one JSON object per step to this file (jsonl)"));
   c->add_option("--log-every", args->log_every, "Progress line every K steps")->capture_default_str();
   add_runtime_options(c, args->runtime);
   add_multi_process_options(c, args->runtime);

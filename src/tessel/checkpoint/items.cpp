@@ -8,6 +8,7 @@
 #include "tessel/checkpoint/detail/item_io.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/error.h"
+#include "tessel/core/path.h"
 #include "tessel/detail/json_util.h"
 
 namespace tessel {
@@ -135,7 +136,8 @@ std::vector<ItemInfo> list_items(const fs::path& step_dir) {
   return items;
 }
 
-fs::path find_item_dir(const fs::path& path, std::optional<int64_t> step, const std::optional<std::string>& item) {
+fs::path find_item_dir(const fs::path& given, std::optional<int64_t> step, const std::optional<std::string>& item) {
+  const fs::path path = local_path(given.string(), "checkpoint");
   if (is_safetensors(path)) {
     if (step || item) throw ValueError("--step and --item are for Orbax checkpoints; '" + path.string() + "' is safetensors");
     return path;

@@ -13,6 +13,7 @@
 #include "tessel/checkpoint/detail/item_io.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
 #include "tessel/core/error.h"
+#include "tessel/core/path.h"
 #include "tessel/detail/json_util.h"
 
 namespace tessel {
@@ -25,12 +26,12 @@ constexpr const char* kJsonFile = "metadata";  // Orbax's JsonCheckpointHandler 
 }  // namespace
 
 CheckpointManager::CheckpointManager(fs::path root, CheckpointManagerOptions options)
-    : root_(std::move(root)), options_(std::move(options)), group_(std::make_unique<SingleProcessGroup>()) {
+    : root_(local_path(root.string(), "checkpoint directory")), options_(std::move(options)), group_(std::make_unique<SingleProcessGroup>()) {
   open();
 }
 
 CheckpointManager::CheckpointManager(const Runtime& rt, fs::path root, CheckpointManagerOptions options)
-    : root_(std::move(root)), options_(std::move(options)), group_(rt.new_process_group()) {
+    : root_(local_path(root.string(), "checkpoint directory")), options_(std::move(options)), group_(rt.new_process_group()) {
   open();
 }
 

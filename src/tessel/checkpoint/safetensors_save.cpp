@@ -16,6 +16,7 @@
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
+#include "tessel/core/path.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/runtime/process_group.h"
 
@@ -192,7 +193,8 @@ std::vector<std::tuple<std::string, Shape, DType>> arrays_of(const StagedState::
 
 }  // namespace
 
-void save_safetensors(const fs::path& dir, const StagedState& staged, const SafetensorsSaveOptions& options) {
+void save_safetensors(const fs::path& dir_arg, const StagedState& staged, const SafetensorsSaveOptions& options) {
+  const fs::path dir = local_path(dir_arg.string(), "safetensors directory");
   const StagedState::Impl& s = staged.impl();
   ProcessGroup& group = detail::processes_of(staged);
   const std::string where = "saving '" + dir.string() + "' as safetensors";
@@ -244,7 +246,7 @@ struct SafetensorsWriter::Impl {
 SafetensorsWriter::SafetensorsWriter(fs::path dir, const State& abstract, SafetensorsSaveOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& w = *impl_;
-  w.dir = std::move(dir);
+  w.dir = local_path(dir.string(), "safetensors directory");
   w.tmp = fs::path(w.dir) += kSafetensorsTmpSuffix;
   w.options = std::move(options);
   std::vector<std::tuple<std::string, Shape, DType>> arrays;

@@ -20,6 +20,7 @@
 #include "tessel/checkpoint/zarr.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
+#include "tessel/core/path.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/runtime/process_group.h"
 
@@ -330,7 +331,8 @@ ProcessGroup& processes_of(const StagedState& staged) {
 
 }  // namespace detail
 
-void save(const fs::path& dir, const StagedState& staged, const SaveOptions& options) {
+void save(const fs::path& dir_arg, const StagedState& staged, const SaveOptions& options) {
+  const fs::path dir = local_path(dir_arg.string(), "checkpoint directory");
   ProcessGroup& group = detail::processes_of(staged);
   const std::string where = "saving '" + dir.string() + "'";
   const int64_t init = detail::now_ns();
@@ -380,7 +382,7 @@ struct CheckpointWriter::Impl {
 CheckpointWriter::CheckpointWriter(fs::path dir, const State& abstract, SaveOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& w = *impl_;
-  w.dir = std::move(dir);
+  w.dir = local_path(dir.string(), "checkpoint directory");
   w.options = std::move(options);
   w.init_ns = detail::now_ns();
   for (const auto& [path, v] : abstract) {

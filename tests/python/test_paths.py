@@ -1,0 +1,74 @@
+"""Every Python function that takes a path refuses a URL before anything is written, naming the
+argument (an `s3://bucket/run` once became the local folder `./s3:/bucket/run`); file:///path is
+taken as the path."""
+import os
+
+import numpy as np
+import pytest
+
+import tessel
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+TESTDATA = os.path.join(os.environ.get("TESSEL_SHARED", os.path.join(ROOT, "..", "shared")), "testdata")
+MODEL = os.path.join(ROOT, "examples", "models", "transformer.yml")
+RULES = os.path.join(ROOT, "examples", "models", "rules.yml")
+MAXTEXT_MODEL = os.path.join(TESTDATA, "maxtext", "models", "qwen3-0.6b.yml")
+BASE = os.path.join(TESTDATA, "maxtext", "base.yml")
+URLS = ["s3://my-bucket/run", "gs://bucket/ckpt/7", "https://example.com/x", "hf://org/model", "file://otherhost/x"]
+
+
+@pytest.fixture
+def item(tmp_path):
+    path = str(tmp_path / "item")
+    tessel.checkpoint.save(path, {"w": np.arange(16, dtype=np.float32).reshape(4, 4)})
+    return path
+
+
+def calls(item):
+    """(argument name, function of the URL) for every path argument of the package."""
+    ckpt = tessel.checkpoint
+    tree = {"w": np.zeros(4, np.float32)}
+    return [
+        ("path", lambda u: ckpt.save(u, tree)),
+        ("path", lambda u: ckpt.save_safetensors(u, tree)),
+        ("path", lambda u: ckpt.restore(u)),
+        ("logical_axes", lambda u: ckpt.restore(item, mesh=tessel.Mesh({"data": 1}), logical_axes=u)),
+        ("src", lambda u: ckpt.convert(u, "out")),
+        ("dst", lambda u: ckpt.convert(item, u)),
+        ("rules", lambda u: ckpt.convert(item, "out", rules=u)),
+        ("map", lambda u: ckpt.convert(item, "out", map=u)),
+        ("root", lambda u: ckpt.steps(u)),
+        ("step_dir", lambda u: ckpt.items(u)),
+        ("path", lambda u: ckpt.info(u)),
+        ("path", lambda u: ckpt.verify(u)),
+        ("model", lambda u: tessel.load_model(u)),
+        ("model", lambda u: tessel.load_maxtext_model(u, BASE)),
+        ("base", lambda u: tessel.load_maxtext_model(MAXTEXT_MODEL, u)),
+        ("rules", lambda u: tessel.load_maxtext_model(MAXTEXT_MODEL, BASE, rules=u)),
+        ("rules", lambda u: tessel.load_rules(u)),
+        ("rules", lambda u: tessel.eval_shape(MODEL, tessel.Mesh({"data": 1}), u)),
+    ]
+
+
+def test_every_path_argument_refuses_a_url_and_writes_nothing(item, tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for i, (name, call) in enumerate(calls(item)):
+        url = URLS[i % len(URLS)]
+        with pytest.raises(tessel.ArgumentError) as e:
+            call(url)
+        message = str(e.value)
+        assert message.startswith(f"{name}: '{url}'"), (name, message)
+        assert "not supported yet" in message, message
+        assert os.listdir(cwd) == [], f"{name}={url} wrote {os.listdir(cwd)}"
+
+
+def test_a_file_url_is_the_local_path(tmp_path):
+    target = tmp_path / "ckpt" / "7"
+    tessel.checkpoint.save("file://" + str(target), {"w": np.ones((4, 2), np.float32)})
+    assert (target / "_METADATA").exists()
+    again = tessel.checkpoint.restore("file://localhost" + str(target))
+    np.testing.assert_array_equal(again["w"].to_numpy(), np.ones((4, 2), np.float32))
+    assert tessel.checkpoint.steps("file://" + str(tmp_path / "ckpt")) == [7]
+    assert tessel.load_rules("file://" + RULES).rules == tessel.load_rules(RULES).rules
