@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/checkpoint/checkpointer.h"
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/state/init.h"
 
 namespace {
@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
       const tessel::Mesh mesh = tessel::Mesh::parse(argv[3], rules().mesh_axes());
       tessel::Runtime rt = tessel::Runtime::host(mesh.device_count());
       tessel::State target;
-      for (const auto& [path, v] : tessel::saved_abstract_state(argv[2])) {
+      for (const auto& [path, v] : tessel::CheckpointItem::open(argv[2]).abstract_state()) {
         target.insert(path, tessel::Variable::abstract(v.kind(), v.shape(), v.dtype(),
                                                        tessel::resolve_sharding(v.partitioning(), v.shape(), mesh, rules()),
                                                        v.partitioning()));

@@ -12,8 +12,8 @@
 #include "tessel/checkpoint/codec.h"
 #include "tessel/checkpoint/items.h"
 #include "tessel/checkpoint/metadata.h"
-#include "tessel/checkpoint/ocdbt.h"
-#include "tessel/checkpoint/zarr.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/core/error.h"
 #include "tessel/nn/dataset.h"
 
@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 1: {
-        auto z = tessel::ZarrArray::parse(text, ".zarray");
+        auto z = tessel::detail::ZarrArray::parse(text, ".zarray");
         (void)z.to_json();
         (void)z.num_chunks();
         break;
@@ -57,12 +57,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)tessel::nn::DataPosition::from_json(std::string(text), nullptr);
         break;
       case 7: {
-        const auto m = tessel::decode_ocdbt_manifest({reinterpret_cast<const std::byte*>(text.data()), text.size()}, "manifest");
+        const auto m = tessel::detail::decode_ocdbt_manifest({reinterpret_cast<const std::byte*>(text.data()), text.size()}, "manifest");
         (void)m.versions.size();
         break;
       }
       case 8: {
-        const auto n = tessel::decode_ocdbt_node({reinterpret_cast<const std::byte*>(text.data()), text.size()},
+        const auto n = tessel::detail::decode_ocdbt_node({reinterpret_cast<const std::byte*>(text.data()), text.size()},
                                                  "ocdbt.process_0/", 1 << 20, "node");
         (void)n.entries.size();
         break;
@@ -70,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 9: {  // a zarr3 shard index: the byte after the mode gives the inner grid and position
         if (text.size() < 1) return 0;
         const int per = 1 + static_cast<uint8_t>(text[0]) % 4;
-        const auto z = tessel::ZarrArray::sharded_v3({16, 16}, {4 * per, 4}, {4, 4}, tessel::DType::kF32,
+        const auto z = tessel::detail::ZarrArray::sharded_v3({16, 16}, {4 * per, 4}, {4, 4}, tessel::DType::kF32,
                                                      tessel::Compression::zstd());
         const auto index = text.substr(1, static_cast<size_t>(z.shard_index_bytes()));
         const int64_t shard = static_cast<int64_t>(text.size() - 1);

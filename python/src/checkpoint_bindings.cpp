@@ -1,10 +1,11 @@
-// The checkpoint layer for Python, flat: leaves are (path, ...) records and blocks are raw bytes;
-// tessel/checkpoint.py builds trees, dtypes and jax.Arrays on top. Blocks cross the boundary
-// without copies: a save reads the callers' arrays in place, a restore hands out read-only views
-// of the device buffers it filled (each view keeps its buffer alive). The GIL is released while
-// files are read or written.
+// The checkpoint layer for Python: tessel/checkpoint.py builds trees, dtypes and jax.Arrays on
+// top. Each call does one whole job in C++ (a restore opens the item, builds the target and reads
+// it in one call) and returns records with named fields. Blocks cross the boundary without
+// copies: a save reads the callers' arrays in place, a restore hands out read-only views of the
+// device buffers it filled (each view keeps its buffer alive). The GIL is released while files
+// are read or written.
 #include <algorithm>
-#include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -13,14 +14,17 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 
 #include "bindings.h"
 #include "convert.h"
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/item.h"
 #include "tessel/checkpoint/items.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
+#include "tessel/core/path.h"
 #include "tessel/runtime/array.h"
 #include "tessel/runtime/runtime.h"
 
@@ -29,6 +33,7 @@ using namespace nb::literals;
 
 namespace tessel::python {
 namespace {
+namespace fs = std::filesystem;
 
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using BytesOut = nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>;
@@ -43,25 +48,53 @@ BytesOut view(const Buffer& buffer) {
   return BytesOut(data, {n}, keep);
 }
 
-// Devices the runtime must have for these meshes: ids 0 .. max id.
-int64_t devices_for(const std::vector<const Mesh*>& meshes) {
-  int64_t n = 1;
-  for (const Mesh* m : meshes) {
-    for (int64_t d : m->device_ids()) n = std::max(n, d + 1);
-  }
-  return n;
+template <class Dims>
+std::vector<int64_t> dims_of(const Dims& dims) {
+  return {dims.begin(), dims.end()};
 }
 
-// save(): leaves are (path, dtype name, shape, sharding, [(block start, raw bytes)], logical axes or None).
+// One device's block of a restored array.
+struct RestoredBlock {
+  int64_t device = 0;
+  int64_t replica_id = 0;
+  std::vector<int64_t> start, shape;
+  nb::object data;  // view(buffer)
+};
+
+struct RestoredArray {
+  std::string path;  // after the renames
+  std::string saved_path;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  NamedSharding sharding;
+  std::vector<RestoredBlock> blocks;
+};
+
+// What restore returns: the arrays, and Orbax's key type of every node of the restored tree by
+// its path ("" the root), so that Python rebuilds lists where Orbax recorded sequences.
+struct Restored {
+  std::vector<RestoredArray> arrays;
+  std::map<std::string, int> key_types;
+};
+
+// save(): each leaf is a dict {"path", "dtype", "shape", "sharding", "blocks": [(start, shape,
+// raw bytes)], "logical_axes" (or None)}.
+nb::handle field(nb::dict leaf, const char* key) {
+  if (!leaf.contains(key)) throw ValueError(std::string("save: a leaf record has no '") + key + "'");
+  return leaf[key];
+}
+
 std::vector<HostLeaf> host_leaves(nb::list leaves) {
   std::vector<HostLeaf> host;
   for (nb::handle h : leaves) {
-    nb::tuple leaf = nb::borrow<nb::tuple>(h);
-    if (leaf.size() != 6) throw ValueError("save: each leaf record has 6 fields");
-    const std::string path = nb::cast<std::string>(leaf[0]);
-    HostLeaf l{path, to_shape(leaf[2], path + " shape"), parse_dtype(nb::cast<std::string>(leaf[1])),
-               nb::cast<NamedSharding>(leaf[3]), {}, kParam, {}};
-    for (nb::handle b : nb::borrow<nb::list>(leaf[4])) {
+    if (!nb::isinstance<nb::dict>(h)) throw ValueError("save: a leaf record must be a dict, not " + repr_of(h));
+    nb::dict leaf = nb::borrow<nb::dict>(h);
+    const std::string path = nb::cast<std::string>(field(leaf, "path"));
+    HostLeaf l{path, to_shape(field(leaf, "shape"), path + " shape"), parse_dtype(nb::cast<std::string>(field(leaf, "dtype"))),
+               nb::cast<NamedSharding>(field(leaf, "sharding")), {}, kParam, {}};
+    for (nb::handle b : nb::cast<nb::list>(field(leaf, "blocks"))) {
+      if (!nb::isinstance<nb::tuple>(b) || nb::len(b) != 3)
+        throw ValueError(path + ": a block must be a (start, shape, bytes) tuple, not " + repr_of(b));
       nb::tuple block = nb::borrow<nb::tuple>(b);
       const Shape start = to_shape(block[0], path + " block start");
       const Shape extent = to_shape(block[1], path + " block shape");
@@ -72,15 +105,27 @@ std::vector<HostLeaf> host_leaves(nb::list leaves) {
       l.blocks.emplace_back(Box(start.dims(), std::move(stop)),
                             std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
     }
-    if (!leaf[5].is_none()) l.partitioning = Partitioning::by_logical(to_logical(leaf[5], path + " logical axes"));
+    if (leaf.contains("logical_axes") && !leaf["logical_axes"].is_none())
+      l.partitioning = Partitioning::by_logical(to_logical(leaf["logical_axes"], path + " logical axes"));
     host.push_back(std::move(l));
   }
   return host;
 }
 
-void save_leaves(const std::string& dir, nb::list leaves, const std::string& compression, bool use_ocdbt,
+// A new directory's path: local (URLs refused naming `what`), its parents created as Orbax does.
+fs::path new_dir(const std::string& path, const char* what) {
+  const fs::path dir = local_path(path, what);
+  const fs::path parent = fs::absolute(dir).parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw IoError("cannot create '" + parent.string() + "': " + ec.message());
+  return dir;
+}
+
+void save_leaves(const std::string& path, nb::list leaves, const std::string& compression, bool use_ocdbt,
                  bool use_zarr3, int64_t max_chunk_bytes, std::optional<LogicalRules> rules,
                  std::vector<std::string> sequence_nodes) {
+  const fs::path dir = local_path(path, "path");
   std::vector<HostLeaf> host = host_leaves(leaves);
   SaveOptions options;
   options.compression = Compression::parse(compression);
@@ -91,156 +136,200 @@ void save_leaves(const std::string& dir, nb::list leaves, const std::string& com
   options.sequence_nodes = {sequence_nodes.begin(), sequence_nodes.end()};
   StagedState staged = stage_host(std::move(host));
   nb::gil_scoped_release release;
-  save(dir, staged, options);
+  save(new_dir(dir.string(), "path"), staged, options);
 }
 
-void save_safetensors_leaves(const std::string& dir, nb::list leaves, int64_t max_file_bytes,
+void save_safetensors_leaves(const std::string& path, nb::list leaves, int64_t max_file_bytes,
                              std::map<std::string, std::string> metadata) {
+  const fs::path dir = local_path(path, "path");
   SafetensorsSaveOptions options;
   options.max_file_bytes = max_file_bytes;
   options.metadata = std::move(metadata);
   StagedState staged = stage_host(host_leaves(leaves));
   nb::gil_scoped_release release;
-  save_safetensors(dir, staged, options);
+  save_safetensors(new_dir(dir.string(), "path"), staged, options);
 }
 
-// restore(): target leaves are (path, sharding, dtype name or None); returns per leaf
-// (path, dtype name, shape, sharding, [(device, replica id, block start, block shape, raw bytes)]).
-nb::list restore_leaves(const std::string& item_dir, nb::list target_leaves, int64_t staging_bytes) {
-  State target;
-  std::vector<const Mesh*> meshes;
-  const State saved = saved_abstract_state(item_dir);
-  for (nb::handle h : target_leaves) {
-    nb::tuple t = nb::borrow<nb::tuple>(h);
-    const std::string path = nb::cast<std::string>(t[0]);
-    const Variable& v = saved.at(path);
-    const DType dtype = t[2].is_none() ? v.dtype() : parse_dtype(nb::cast<std::string>(t[2]));
-    target.insert(path, Variable::abstract(v.kind(), v.shape(), dtype, nb::cast<NamedSharding>(t[1]), v.partitioning()));
+Placement parse_placement(const std::string& name) {
+  if (name == "mesh") return Placement::kMesh;
+  if (name == "as_saved") return Placement::kAsSaved;
+  if (name == "as_saved_or_one_device") return Placement::kAsSavedOrOneDevice;
+  if (name == "replicated") return Placement::kReplicated;
+  throw ValueError("placement must be mesh, as_saved, as_saved_or_one_device or replicated, not '" + name + "'");
+}
+
+// Devices the runtime must have for these shardings: ids 0 .. max id.
+int64_t devices_for(const State& target) {
+  int64_t n = 1;
+  for (const auto& [path, v] : target)
+    for (int64_t d : v.sharding()->mesh().device_ids()) n = std::max(n, d + 1);
+  return n;
+}
+
+// The key type of every node of the restored tree: the saved leaves' key types, recorded at
+// their parent nodes, moved by the renames as the leaves are.
+std::map<std::string, int> key_types_of(const CheckpointItem& item, const State& target,
+                                        const std::vector<std::pair<std::string, std::string>>& renames) {
+  std::map<std::string, int> out;
+  for (const auto& [path, v] : target) {
+    const ParamMetadata* p = item.metadata().find(path);
+    std::string node;
+    for (size_t i = 0; i < p->keys.size() && i < p->key_types.size(); ++i) {
+      const std::string moved = node.empty() ? node : rename_path(node, renames);
+      if (node.empty() || !moved.empty()) out[moved] = p->key_types[i];
+      node += (node.empty() ? "" : "/") + p->keys[i];
+    }
   }
-  for (const auto& [path, v] : target) meshes.push_back(&v.sharding()->mesh());
+  return out;
+}
+
+// restore(): the item `path` names (step, item), the leaves `select`/`paths` choose, placed by
+// the target ladder (see TargetSpec), restored onto devices in one call.
+Restored restore_item(const std::string& path, std::optional<int64_t> step, std::optional<std::string> item_name,
+                      std::optional<Mesh> mesh, std::optional<LogicalRules> rules,
+                      std::map<std::string, NamedSharding> shardings, std::map<std::string, std::string> dtypes,
+                      nb::dict logical_axes, std::optional<std::string> logical_axes_file,
+                      std::map<std::string, std::string> axis_map, std::vector<std::string> select,
+                      std::vector<std::pair<std::string, std::string>> rename, const std::string& placement,
+                      int64_t staging_bytes) {
+  const fs::path given = local_path(path, "path");
+  TargetSpec spec;
+  spec.mesh = std::move(mesh);
+  spec.rules = std::move(rules);
+  spec.shardings = std::move(shardings);
+  for (const auto& [p, name] : dtypes) spec.dtypes.emplace(p, parse_dtype(name));
+  for (auto [p, names] : logical_axes) {
+    const std::string key = path_from_dump_key(nb::cast<std::string>(p));
+    spec.logical_axes.emplace(key, to_logical(names, key + " logical axes"));
+  }
+  if (logical_axes_file) spec.logical_axes = load_target_logical_axes(local_path(*logical_axes_file, "logical_axes"));
+  spec.axis_map = std::move(axis_map);
+  spec.select = std::move(select);
+  spec.rename = std::move(rename);
+  spec.placement = parse_placement(placement);
+  if (!spec.mesh && (!spec.axis_map.empty() || !spec.logical_axes.empty()))
+    throw ValueError("axis_map and logical_axes place arrays on a mesh: give mesh=");
   RestoreOptions options;
   options.partial = true;
   options.staging_bytes = staging_bytes;
+  Restored out;
   std::optional<State> restored;
   {
     nb::gil_scoped_release release;
-    Runtime rt = Runtime::host(devices_for(meshes));
-    restored = restore(rt, item_dir, target, options);
+    const CheckpointItem item = CheckpointItem::find(given, step, item_name);
+    const State target = make_target(item, spec);
+    if (!spec.rename.empty()) (void)rename_prefixes(target, spec.rename);  // no two paths become one
+    out.key_types = key_types_of(item, target, spec.rename);
+    const Runtime rt = Runtime::host(devices_for(target));
+    restored = restore(rt, item, target, options);
   }
-  nb::list out;
-  for (const auto& [path, v] : *restored) {
-    const Array& a = v.array(path);
-    nb::list blocks;
-    for (const Shard& s : a.shards()) {
-      blocks.append(nb::make_tuple(s.device, s.replica_id, from_shape(Shape(std::vector<int64_t>(s.box.starts().begin(), s.box.starts().end()))),
-                                   from_shape(s.box.shape()), view(s.buffer)));
+  for (const auto& [p, v] : *restored) {
+    const Array& a = v.array(p);
+    RestoredArray r{rename_path(p, spec.rename), p, std::string(name(a.dtype())), dims_of(a.shape().dims()), a.sharding(), {}};
+    for (const Shard& s : a.shards())
+      r.blocks.push_back(
+          {s.device, s.replica_id, dims_of(s.box.starts()), dims_of(s.box.shape().dims()), nb::cast(view(s.buffer))});
+    out.arrays.push_back(std::move(r));
+  }
+  return out;
+}
+
+// One saved array as `tessel ckpt info` shows it.
+struct ArrayInfo {
+  std::string path, name, dtype, compression;
+  std::vector<int64_t> shape, chunk_shape;
+  int64_t num_chunks = 0, stored_bytes = 0;
+  std::optional<NamedSharding> saved_sharding;
+  Partitioning logical_axes;
+};
+
+// An opened item for inspection: where it is, how it is stored, its arrays.
+struct ItemView {
+  CheckpointItem item;
+  std::string dir() const { return item.dir().string(); }
+  std::vector<ArrayInfo> arrays() const {
+    std::vector<ArrayInfo> out;
+    for (const SavedArrayInfo& i : item.describe()) {
+      std::optional<NamedSharding> saved;
+      if (i.param.sharding) saved = NamedSharding(i.param.sharding->mesh, i.param.sharding->spec);
+      out.push_back({i.param.path, i.param.name, std::string(name(i.dtype)), i.compression.to_string(),
+                     dims_of(i.shape.dims()), dims_of(i.chunks.dims()), i.num_chunks, i.stored_bytes, saved,
+                     i.param.partitioning});
     }
-    out.append(nb::make_tuple(path, std::string(name(a.dtype())), from_shape(a.shape()), a.sharding(), blocks));
+    return out;
   }
-  return out;
-}
+};
 
-// Every saved leaf: (path, dtype name, shape, saved sharding or None, logical axes / mesh spec or
-// None, key types).
-nb::list saved_leaves(const std::string& item_dir) {
-  const ItemMetadata meta = read_item_metadata(item_dir);
-  const State saved = saved_abstract_state(item_dir);
-  nb::list out;
-  for (const auto& [path, v] : saved) {
-    const ParamMetadata* p = meta.find(path);
-    nb::object sharding = v.sharding() ? nb::cast(*v.sharding()) : nb::none();
-    out.append(nb::make_tuple(path, std::string(name(v.dtype())), from_shape(v.shape()), sharding,
-                              from_partitioning(v.partitioning()),
-                              p ? nb::cast(p->key_types) : nb::cast(std::vector<int>{})));
-  }
-  return out;
-}
-
-nb::list target_leaves(const std::string& item_dir, const Mesh& mesh, std::optional<LogicalRules> rules,
-                       std::vector<std::string> paths, std::map<std::string, std::string> axis_map,
-                       nb::dict logical_axes) {
-  TargetOptions options;
-  options.rules = std::move(rules);
-  options.paths = std::move(paths);
-  options.axis_map = std::move(axis_map);
-  for (auto [path, names] : logical_axes) {
-    const std::string p = path_from_dump_key(nb::cast<std::string>(path));
-    options.logical_axes.emplace(p, to_logical(names, p + " logical axes"));
-  }
-  nb::list out;
-  for (const auto& [path, v] : restore_target(item_dir, mesh, options)) out.append(nb::make_tuple(path, *v.sharding()));
-  return out;
-}
-
-nb::list describe(const std::string& item_dir) {
-  nb::list out;
-  for (const SavedArrayInfo& i : describe_item(item_dir)) {
-    nb::dict d;
-    d["path"] = i.param.path;
-    d["name"] = i.param.name;
-    d["dtype"] = std::string(name(i.dtype));
-    d["shape"] = from_shape(i.shape);
-    d["chunk_shape"] = from_shape(i.chunks);
-    d["num_chunks"] = i.num_chunks;
-    d["stored_bytes"] = i.stored_bytes;
-    d["compression"] = i.compression.to_string();
-    d["saved_sharding"] = i.param.sharding ? nb::cast(NamedSharding(i.param.sharding->mesh, i.param.sharding->spec)) : nb::none();
-    d["logical_axes"] = from_partitioning(i.param.partitioning);
-    out.append(d);
-  }
-  return out;
-}
-
-nb::dict verify_item(const std::string& item_dir) {
-  VerifyReport r;
-  {
-    nb::gil_scoped_release release;
-    r = verify(item_dir);
-  }
-  nb::dict d;
-  d["faults"] = nb::cast(r.faults);
-  d["arrays"] = r.arrays;
-  d["chunks"] = r.chunks;
-  d["bytes"] = r.bytes;
-  d["checksums"] = r.checksums;
-  return d;
+ItemView open_item(const std::string& path, std::optional<int64_t> step, std::optional<std::string> item) {
+  const fs::path given = local_path(path, "path");
+  nb::gil_scoped_release release;
+  return {CheckpointItem::find(given, step, item)};
 }
 
 }  // namespace
 
 void bind_checkpoint(nb::module_& m) {
-  m.def("find_item_dir",
-        [](const std::string& path, std::optional<int64_t> step, std::optional<std::string> item) {
-          return find_item_dir(path, step, item).string();
-        },
-        "path"_a, "step"_a = nb::none(), "item"_a = nb::none());
-  m.def("list_steps", [](const std::string& root) { return list_steps(root); }, "root"_a);
-  m.def("list_items",
-        [](const std::string& step_dir) {
-          nb::list out;
-          for (const ItemInfo& i : list_items(step_dir)) out.append(nb::make_tuple(i.name, i.handler, i.holds_arrays));
-          return out;
-        },
+  nb::class_<RestoredBlock>(m, "RestoredBlock", "One device's block of a restored array.")
+      .def_ro("device", &RestoredBlock::device)
+      .def_ro("replica_id", &RestoredBlock::replica_id)
+      .def_ro("start", &RestoredBlock::start)
+      .def_ro("shape", &RestoredBlock::shape)
+      .def_ro("data", &RestoredBlock::data, "Its bytes, read-only (uint8).");
+  nb::class_<RestoredArray>(m, "RestoredArray", "A restored array: its path, dtype, shape, sharding and blocks.")
+      .def_ro("path", &RestoredArray::path)
+      .def_ro("saved_path", &RestoredArray::saved_path)
+      .def_ro("dtype", &RestoredArray::dtype)
+      .def_ro("shape", &RestoredArray::shape)
+      .def_ro("sharding", &RestoredArray::sharding)
+      .def_ro("blocks", &RestoredArray::blocks);
+  nb::class_<Restored>(m, "Restored")
+      .def_ro("arrays", &Restored::arrays)
+      .def_ro("key_types", &Restored::key_types);
+  nb::class_<ArrayInfo>(m, "ArrayInfo", "One saved array: what `tessel ckpt info` shows.")
+      .def_ro("path", &ArrayInfo::path)
+      .def_ro("name", &ArrayInfo::name)
+      .def_ro("dtype", &ArrayInfo::dtype)
+      .def_ro("shape", &ArrayInfo::shape)
+      .def_ro("chunk_shape", &ArrayInfo::chunk_shape)
+      .def_ro("num_chunks", &ArrayInfo::num_chunks)
+      .def_ro("stored_bytes", &ArrayInfo::stored_bytes)
+      .def_ro("compression", &ArrayInfo::compression)
+      .def_ro("saved_sharding", &ArrayInfo::saved_sharding)
+      .def_prop_ro("logical_axes", [](const ArrayInfo& a) { return from_partitioning(a.logical_axes); });
+  nb::class_<VerifyReport>(m, "VerifyReport", "What verify read and the faults it found.")
+      .def_ro("faults", &VerifyReport::faults)
+      .def_ro("arrays", &VerifyReport::arrays)
+      .def_ro("chunks", &VerifyReport::chunks)
+      .def_ro("bytes", &VerifyReport::bytes)
+      .def_ro("checksums", &VerifyReport::checksums);
+  nb::class_<ItemView>(m, "Item", "An opened checkpoint item.")
+      .def_prop_ro("dir", &ItemView::dir)
+      .def_prop_ro("storage", [](const ItemView& v) { return v.item.storage(); })
+      .def_prop_ro("format", [](const ItemView& v) {
+        return std::string(v.item.format() == StorageFormat::kSafetensors ? "safetensors" : "orbax");
+      })
+      .def_prop_ro("rules", [](const ItemView& v) { return v.item.metadata().rules; })
+      .def_prop_ro("metadata", [](const ItemView& v) { return v.item.metadata().format_metadata; })
+      .def("arrays", &ItemView::arrays)
+      .def("verify", [](const ItemView& v) {
+        nb::gil_scoped_release release;
+        return verify(v.item);
+      });
+
+  m.def("open_item", &open_item, "path"_a, "step"_a = nb::none(), "item"_a = nb::none());
+  m.def("list_steps", [](const std::string& root) { return list_steps(local_path(root, "root")); }, "root"_a);
+  nb::class_<ItemInfo>(m, "ItemInfo", "One item of an Orbax step directory.")
+      .def_ro("name", &ItemInfo::name)
+      .def_ro("handler", &ItemInfo::handler)
+      .def_ro("holds_arrays", &ItemInfo::holds_arrays);
+  m.def("list_items", [](const std::string& step_dir) { return list_items(local_path(step_dir, "step_dir")); },
         "step_dir"_a);
-  m.def("item_storage", [](const std::string& item_dir) {
-    const ItemMetadata meta = read_item_metadata(item_dir);
-    return nb::make_tuple(meta.use_ocdbt, meta.use_zarr3, meta.rules ? nb::cast(*meta.rules) : nb::none(),
-                          meta.format == StorageFormat::kSafetensors ? "safetensors" : "orbax", meta.format_metadata);
-  });
-  m.def("save_leaves", &save_leaves, "dir"_a, "leaves"_a, "compression"_a, "use_ocdbt"_a, "use_zarr3"_a,
+  m.def("save_leaves", &save_leaves, "path"_a, "leaves"_a, "compression"_a, "use_ocdbt"_a, "use_zarr3"_a,
         "max_chunk_bytes"_a, "rules"_a, "sequence_nodes"_a);
-  m.def("save_safetensors_leaves", &save_safetensors_leaves, "dir"_a, "leaves"_a, "max_file_bytes"_a, "metadata"_a);
-  m.def("restore_leaves", &restore_leaves, "item_dir"_a, "target"_a, "staging_bytes"_a);
-  m.def("saved_leaves", &saved_leaves, "item_dir"_a);
-  m.def("target_leaves", &target_leaves, "item_dir"_a, "mesh"_a, "rules"_a, "paths"_a,
-        "axis_map"_a = std::map<std::string, std::string>{}, "logical_axes"_a = nb::dict());
-  m.def("load_target_logical_axes", [](const std::string& file) {
-    nb::dict out;
-    for (const auto& [path, names] : load_target_logical_axes(file)) out[path.c_str()] = from_logical(names);
-    return out;
-  });
-  m.def("describe", &describe, "item_dir"_a);
-  m.def("verify", &verify_item, "item_dir"_a);
+  m.def("save_safetensors_leaves", &save_safetensors_leaves, "path"_a, "leaves"_a, "max_file_bytes"_a, "metadata"_a);
+  m.def("restore", &restore_item, "path"_a, "step"_a, "item"_a, "mesh"_a, "rules"_a, "shardings"_a, "dtypes"_a,
+        "logical_axes"_a, "logical_axes_file"_a, "axis_map"_a, "select"_a, "rename"_a, "placement"_a,
+        "staging_bytes"_a);
 }
 
 }  // namespace tessel::python

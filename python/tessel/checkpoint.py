@@ -221,7 +221,13 @@ def _raw(block: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(block).reshape(-1).view(np.uint8)
 
 
-def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, logical: Any) -> tuple:
+def _record(path: str, dtype: str, shape, sharding: NamedSharding, blocks: list, logical: Any) -> dict:
+    """What the binding saves of one leaf: each block as (start, shape, raw bytes)."""
+    return {"path": path, "dtype": dtype, "shape": tuple(shape), "sharding": sharding, "blocks": blocks,
+            "logical_axes": logical}
+
+
+def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, logical: Any) -> dict:
     if leaf is None:
         raise ArgumentError(f"'{path}': None leaves are not saved; drop them from the tree")
     if type(leaf).__module__.startswith(("jax", "jaxlib")) and hasattr(leaf, "addressable_shards"):
@@ -235,13 +241,13 @@ def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, l
             data = np.asarray(s.data)
             start = tuple(0 if sl.start is None else sl.start for sl in s.index)
             blocks.append((start, data.shape, _raw(data)))
-        return (path, _dtype_name(leaf.dtype, path), tuple(leaf.shape), sharding, blocks, logical)
+        return _record(path, _dtype_name(leaf.dtype, path), leaf.shape, sharding, blocks, logical)
     if isinstance(leaf, ShardedArray):  # restored by tessel: its blocks as they are, no copy
         if sharding_value is not None:
             raise ArgumentError(f"'{path}' is a restored ShardedArray: it is saved with its own sharding")
         blocks = [(tuple(sl.start for sl in s.index), s.data.shape, _raw(s.data)) for s in leaf.shards
                   if s.replica_id == 0]
-        return (path, _dtype_name(leaf.dtype, path), tuple(leaf.shape), leaf.sharding, blocks, logical)
+        return _record(path, _dtype_name(leaf.dtype, path), leaf.shape, leaf.sharding, blocks, logical)
     array = np.asarray(leaf)
     if sharding_value is not None:
         sharding = _as_sharding(sharding_value, mesh, f"'{path}'")[0]
@@ -254,7 +260,7 @@ def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, l
         if sharding.replica_id(device) == 0:
             block = array[index]
             blocks.append((tuple(sl.start for sl in index), block.shape, _raw(block)))
-    return (path, _dtype_name(array.dtype, path), tuple(array.shape), sharding, blocks, logical)
+    return _record(path, _dtype_name(array.dtype, path), array.shape, sharding, blocks, logical)
 
 
 def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = None,
@@ -270,7 +276,7 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
     onto another mesh resolves them again. Layout: OCDBT + zarr v2 (Orbax's default), zarr3 with
     `use_zarr3`, plain files with `use_ocdbt=False`; `compression` is "none", "zstd" or "zstd:L".
     """
-    path = local_path(path, "path")
+    path = os.fspath(path)
     leaves, sequences = _flatten(tree)
     given = _flat_map(shardings, _is_sharding_leaf)
     axes = _flat_map(logical_axes, lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
@@ -278,9 +284,8 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
         if p not in leaves:
             raise ArgumentError(f"'{p}' has a sharding or logical axes but is not a leaf of the tree")
     records = [_leaf_record(p, leaf, given.get(p), mesh, axes.get(p)) for p, leaf in leaves.items()]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as Orbax does
-    _tessel.save_leaves(str(path), records, compression, use_ocdbt, use_zarr3, max_chunk_bytes, rules,
-                        sorted(sequences))
+    # Its parents are created, as Orbax does, once the path is known to be local.
+    _tessel.save_leaves(path, records, compression, use_ocdbt, use_zarr3, max_chunk_bytes, rules, sorted(sequences))
 
 
 def save_safetensors(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = None,
@@ -291,7 +296,7 @@ def save_safetensors(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh 
     the paths with '.' between levels ({"model": {"embed": w}} -> "model.embed"); `metadata` is
     every file's `__metadata__` (transformers writes {"format": "pt"}). Shardings as in `save`:
     each distinct block is written once, straight to its place in the file."""
-    path = local_path(path, "path")
+    path = os.fspath(path)
     if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 0:
         raise ArgumentError(f"max_file_bytes must be a non-negative int, not {max_file_bytes!r}")
     meta = dict(metadata or {})
@@ -304,26 +309,11 @@ def save_safetensors(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh 
         if p not in leaves:
             raise ArgumentError(f"'{p}' has a sharding but is not a leaf of the tree")
     records = [_leaf_record(p, leaf, given.get(p), mesh, None) for p, leaf in leaves.items()]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    _tessel.save_safetensors_leaves(str(path), records, max_file_bytes, meta)
+    _tessel.save_safetensors_leaves(path, records, max_file_bytes, meta)
 
 
 # ---------------------------------------------------------------------------------------------
 # Restore
-
-
-def _selected(paths: Iterable[str], select: str | Sequence[str] | None) -> list[str]:
-    """Paths matching any pattern; a pattern matches the '/'- or the '.'-joined path (fnmatch)."""
-    paths = list(paths)
-    if select is None:
-        return paths
-    patterns = [select] if isinstance(select, str) else list(select)
-    out = [p for p in paths
-           if any(fnmatch.fnmatchcase(p, pat) or fnmatch.fnmatchcase(p.replace("/", "."), pat) for pat in patterns)]
-    if not out:
-        raise ArgumentError(f"select={patterns} matches none of the {len(paths)} saved arrays "
-                            f"(e.g. {', '.join(paths[:5])})")
-    return out
 
 
 def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules: LogicalRules | None = None,
@@ -335,88 +325,44 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
     `path` is an item, an Orbax step directory (its only PyTree item, or `item`) or a directory of
     steps (`step`, else the latest). Each array's target sharding is, in order: its entry in
     `shardings` (a tree or {path: value} of NamedShardings, PartitionSpecs on `mesh`, or
-    jax.ShapeDtypeStructs, whose dtype it is then cast to); else, with `mesh`, its saved logical
-    axes through `rules` (default: the saved rules), or its saved spec on `mesh`; else its saved
-    sharding, or for a leaf saved without one (Orbax's NumPy arrays and scalars) device 0. `select` keeps the arrays whose path matches a glob ("params.decoder.*").
+    jax.ShapeDtypeStructs, whose dtype it is then cast to); else, with `mesh`, its entry in
+    `logical_axes` (a tree or {path: names}, or MaxText's logical_shardings.json) through `rules`,
+    its saved logical axes through `rules` (default: the saved rules), or its saved spec on `mesh`
+    (axes renamed by `axis_map`); else its saved sharding, or for a leaf saved without one
+    (Orbax's NumPy arrays and scalars) device 0. `select` keeps the arrays whose path matches a glob
+    ("params.decoder.*"); `rename` moves subtrees ({"params.params": ""}). The C++ library does all
+    of it in one call (tessel::TargetSpec).
 
     Returns the tree (dicts, and lists where Orbax recorded sequences) of ShardedArrays, or of
     jax.Arrays with `as_jax=True`.
     """
-    item_dir = _tessel.find_item_dir(local_path(path, "path"), step, item)
-    saved = {rec[0]: rec for rec in _tessel.saved_leaves(item_dir)}
-    wanted = _selected(saved, select)
     given = _flat_map(shardings, _is_sharding_leaf)
-    for p in given:
-        if p not in saved:
-            raise ArgumentError(f"shardings names '{p}', which '{item_dir}' does not hold")
-    from_mesh = {}
+    target, dtypes, jax_shardings = {}, {}, {}
+    for p, value in given.items():
+        sharding, jax_sharding, dtype = _as_sharding(value, mesh, f"shardings['{p}']")
+        target[p] = sharding
+        if jax_sharding is not None:
+            jax_shardings[p] = jax_sharding
+        if dtype is not None:
+            dtypes[p] = _dtype_name(dtype, p)
+    axes_file = None
     if isinstance(logical_axes, (str, os.PathLike)):
-        logical_axes = _tessel.load_target_logical_axes(local_path(logical_axes, "logical_axes"))
-    if mesh is not None:
-        missing = [p for p in wanted if p not in given]
-        if missing:
-            from_mesh = dict(_tessel.target_leaves(item_dir, mesh, rules, missing, dict(axis_map or {}),
-                                                   dict(logical_axes or {})))
-    elif axis_map or logical_axes:
-        raise ArgumentError("axis_map and logical_axes place arrays on a mesh: give mesh=")
-    target, jax_shardings = [], {}
-    for p in wanted:
-        dtype = None
-        if p in given:
-            sharding, jax_sharding, dtype = _as_sharding(given[p], mesh, f"shardings['{p}']")
-            if jax_sharding is not None:
-                jax_shardings[p] = jax_sharding
-        elif p in from_mesh:
-            sharding = from_mesh[p]
-        elif saved[p][3] is not None:
-            sharding = saved[p][3]
-        else:  # a NumPy array or a scalar as Orbax saves them: one copy, on device 0
-            sharding = NamedSharding(Mesh([("device", 1)]), PartitionSpec())
-        target.append((p, sharding, None if dtype is None else _dtype_name(dtype, p)))
-    restored = _tessel.restore_leaves(item_dir, target, staging_mb << 20)
+        axes_file, logical_axes = os.fspath(logical_axes), None
+    axes = _flat_map(logical_axes, lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
+    patterns = [] if select is None else [select] if isinstance(select, str) else list(select)
+    restored = _tessel.restore(
+        os.fspath(path), step, item, mesh, rules, target, dtypes, axes, axes_file, dict(axis_map or {}), patterns,
+        list((rename or {}).items()), "mesh" if mesh is not None else "as_saved_or_one_device", staging_mb << 20)
     out = {}
-    for p, dtype_name, shape, sharding, blocks in restored:
-        dtype = numpy_dtype(dtype_name)
+    for a in restored.arrays:
+        dtype = numpy_dtype(a.dtype)
         shards = []
-        for device, replica, start, extent, raw in blocks:
-            index = tuple(slice(b, b + n) for b, n in zip(start, extent))
-            shards.append(Shard(device, index, replica, raw.view(dtype).reshape(extent)))
-        array = ShardedArray(tuple(shape), dtype, sharding, tuple(shards))
-        out[p] = array.to_jax(jax_shardings.get(p)) if as_jax else array
-    key_types = {}
-    for p in wanted:
-        keys = p.split("/")
-        for i, t in enumerate(saved[p][5]):
-            key_types["/".join(keys[:i])] = t
-    if rename:
-        out, key_types = _renamed(out, key_types, rename)
-    return _unflatten(out, key_types)
-
-
-def _renamed(values: dict, key_types: dict, rename: Mapping[str, str]) -> tuple[dict, dict]:
-    """Moves paths under each old prefix (whole levels, '/' or '.' between them) to the new one."""
-    def levels(prefix):
-        return "/".join(k for k in prefix.replace(".", "/").split("/") if k)
-    pairs = [(levels(old), levels(new)) for old, new in rename.items()]
-    if any(not old for old, _ in pairs):
-        raise ArgumentError("rename: an empty prefix cannot be renamed")
-
-    def move(path):
-        for old, new in pairs:
-            if path == old or path.startswith(old + "/"):
-                rest = path[len(old) + 1:]
-                return "/".join(x for x in (new, rest) if x)
-        return path
-
-    out = {}
-    for p, v in values.items():
-        q = move(p)
-        if not q:
-            raise ArgumentError(f"rename leaves no path for '{p}'")
-        if q in out:
-            raise ArgumentError(f"rename makes two arrays '{q}'")
-        out[q] = v
-    return out, {move(k): t for k, t in key_types.items() if k and move(k)} | ({"": key_types[""]} if "" in key_types else {})
+        for b in a.blocks:
+            index = tuple(slice(s, s + n) for s, n in zip(b.start, b.shape))
+            shards.append(Shard(b.device, index, b.replica_id, b.data.view(dtype).reshape(b.shape)))
+        array = ShardedArray(tuple(a.shape), dtype, a.sharding, tuple(shards))
+        out[a.path] = array.to_jax(jax_shardings.get(a.saved_path)) if as_jax else array
+    return _unflatten(out, restored.key_types)
 
 
 def _cli() -> str:
@@ -442,7 +388,7 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
     import subprocess
     src, dst = local_path(src, "src"), local_path(dst, "dst")
     args = [_cli(), "ckpt", "convert", src, dst]
-    fmt = _tessel.item_storage(_tessel.find_item_dir(src, step, item))[3]
+    fmt = _tessel.open_item(src, step, item).format
     to = to or ("orbax" if fmt == "safetensors" else "safetensors")
     if to not in ("orbax", "safetensors"):
         raise ArgumentError(f"to must be 'orbax' or 'safetensors', not {to!r}")
@@ -484,32 +430,35 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
 
 def steps(root: str) -> list[int]:
     """The committed steps of a directory of steps, ascending."""
-    return list(_tessel.list_steps(local_path(root, "root")))
+    return list(_tessel.list_steps(os.fspath(root)))
 
 
 def items(step_dir: str) -> list[dict]:
     """The items of an Orbax step directory: name, handler and whether it holds arrays."""
-    return [{"name": n, "handler": h, "holds_arrays": a}
-            for n, h, a in _tessel.list_items(local_path(step_dir, "step_dir"))]
+    return [{"name": i.name, "handler": i.handler, "holds_arrays": i.holds_arrays}
+            for i in _tessel.list_items(os.fspath(step_dir))]
+
+
+_ARRAY_FIELDS = ("path", "name", "dtype", "shape", "chunk_shape", "num_chunks", "stored_bytes", "compression",
+                 "saved_sharding", "logical_axes")
 
 
 def info(path: str, *, step: int | None = None, item: str | None = None) -> dict:
     """What `tessel ckpt info --json` shows: the item, its storage and, per array, its dtype,
     shape, chunks, stored bytes, codec, saved sharding and logical axes."""
-    item_dir = _tessel.find_item_dir(local_path(path, "path"), step, item)
-    use_ocdbt, use_zarr3, rules, fmt, metadata = _tessel.item_storage(item_dir)
-    storage = "safetensors" if fmt == "safetensors" else (
-        ("OCDBT" if use_ocdbt else "files") + ", " + ("zarr3" if use_zarr3 else "zarr v2"))
-    out = {"item": item_dir, "storage": storage, "rules": rules, "arrays": _tessel.describe(item_dir)}
-    if fmt == "safetensors":
-        out["metadata"] = dict(metadata)
+    opened = _tessel.open_item(os.fspath(path), step, item)
+    arrays = [{k: tuple(v) if isinstance(v, list) else v for k, v in ((f, getattr(a, f)) for f in _ARRAY_FIELDS)}
+              for a in opened.arrays()]
+    out = {"item": opened.dir, "storage": opened.storage, "rules": opened.rules, "arrays": arrays}
+    if opened.format == "safetensors":
+        out["metadata"] = dict(opened.metadata)
     return out
 
 
 def verify(path: str, *, step: int | None = None, item: str | None = None) -> dict:
     """Reads every chunk and checks sizes, decoding and CRC-32C. Returns the report; its
     "faults" list names each bad chunk (empty when the item is sound)."""
-    item_dir = _tessel.find_item_dir(local_path(path, "path"), step, item)
-    report = _tessel.verify(item_dir)
-    report["item"] = item_dir
-    return report
+    opened = _tessel.open_item(os.fspath(path), step, item)
+    r = opened.verify()
+    return {"faults": list(r.faults), "arrays": r.arrays, "chunks": r.chunks, "bytes": r.bytes,
+            "checksums": r.checksums, "item": opened.dir}

@@ -66,7 +66,8 @@ void info(const CkptArgs& a) {
   nlohmann::json j;
   std::string text;
   const fs::path root(a.dir);
-  const fs::path item = find_item_dir(root, a.step, a.item);
+  const CheckpointItem opened = CheckpointItem::find(root, a.step, a.item);
+  const fs::path& item = opened.dir();
   // The steps of DIR and the items of the item's step, unless DIR is the item itself, or the
   // step is one bare item.
   if (item != root) {
@@ -89,17 +90,14 @@ void info(const CkptArgs& a) {
     }
   }
   j["item"] = item.string();
-  const ItemMetadata meta = read_item_metadata(item);
-  const std::string storage = meta.format == StorageFormat::kSafetensors
-                                  ? std::string("safetensors")
-                                  : std::string(meta.use_ocdbt ? "OCDBT" : "files") + ", " + (meta.use_zarr3 ? "zarr3" : "zarr v2");
+  const std::string storage = opened.storage();
   j["storage"] = storage;
   text += fmt::format("item {} ({})\n", item.string(), storage);
   text += fmt::format("{:<48} {:<16} {:<14} {:>12}  {:<8} {}\n", "parameter", "type", "chunks", "stored", "codec",
                       "saved sharding / logical axes");
   int64_t total = 0;
   j["params"] = nlohmann::json::array();
-  for (const auto& p : describe_item(item)) {
+  for (const auto& p : opened.describe()) {
     total += p.stored_bytes;
     j["params"].push_back({{"path", p.param.path},
                            {"name", p.param.name},
@@ -121,8 +119,9 @@ void info(const CkptArgs& a) {
 }
 
 void verify_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step, a.item);
-  const VerifyReport r = verify(item);
+  const CheckpointItem opened = CheckpointItem::find(a.dir, a.step, a.item);
+  const fs::path& item = opened.dir();
+  const VerifyReport r = verify(opened);
   for (const auto& f : r.faults) std::cout << "FAULT " << f << "\n";
   std::cout << fmt::format("{}: {} arrays, {} chunks, {} read, {} checksums compared, {} faults\n", item.string(), r.arrays,
                            r.chunks, text_util::format_bytes(r.bytes), r.checksums, r.faults.size());
@@ -141,26 +140,25 @@ struct Target {
   std::optional<LogicalRules> rules;
 };
 
-// The target of a restore onto --mesh (see restore_target): the rules given, else the saved ones,
+// The target of a restore onto --mesh (see make_target): the rules given, else the saved ones,
 // also declare the mesh's axis order.
-Target make_target(const CkptArgs& a, const fs::path& item) {
-  std::optional<LogicalRules> rules = a.rules.empty() ? read_item_metadata(item).rules : load_rules(a.rules);
+Target make_target(const CkptArgs& a, const CheckpointItem& item) {
+  std::optional<LogicalRules> rules = a.rules.empty() ? item.metadata().rules : load_rules(a.rules);
   // No --mesh: one device (on the rules' first declared axis, when they declare some).
   const bool declared = rules && !rules->mesh_axes().empty();
   const std::string mesh_text = !a.mesh.empty() ? a.mesh : declared ? rules->mesh_axes()[0] + "=1" : "host=1";
   Mesh mesh = declared ? Mesh::parse(mesh_text, rules->mesh_axes()) : Mesh::parse(mesh_text);
-  TargetOptions options;
-  options.rules = rules;
-  if (!a.shardings.empty()) options.specs = load_target_specs(a.shardings);
-  if (!a.logical_axes.empty()) options.logical_axes = load_target_logical_axes(a.logical_axes);
-  options.axis_map = parse_axis_map(a.axis_map);
+  TargetSpec spec;
+  spec.mesh = mesh;
+  spec.rules = rules;
+  if (!a.shardings.empty()) spec.specs = load_target_specs(a.shardings);
+  if (!a.logical_axes.empty()) spec.logical_axes = load_target_logical_axes(a.logical_axes);
+  spec.axis_map = parse_axis_map(a.axis_map);
   if (!a.paths.empty()) {
-    for (auto w : text_util::split_commas(a.paths)) options.paths.emplace_back(w);
+    for (auto w : text_util::split_commas(a.paths)) spec.paths.emplace_back(w);
   }
-  if (!a.select.empty()) {
-    for (std::string& p : select_paths(saved_abstract_state(item), select_patterns(a))) options.paths.push_back(std::move(p));
-  }
-  State target = restore_target(item, mesh, options);
+  if (!a.select.empty()) spec.select = select_patterns(a);
+  State target = tessel::make_target(item, spec);
   return {mesh, std::move(target), rules};
 }
 
@@ -184,7 +182,7 @@ Runtime runtime_for(const CkptArgs& a, const Mesh& mesh) {
 }
 
 // The target's leaves (only those of --paths when given) restored onto its mesh.
-State restore_onto(const CkptArgs& a, const Runtime& rt, const fs::path& item, const Target& t, RestoreStats& stats) {
+State restore_onto(const CkptArgs& a, const Runtime& rt, const CheckpointItem& item, const Target& t, RestoreStats& stats) {
   RestoreOptions options;
   options.staging_bytes = a.staging_mb << 20;
   options.partial = !a.paths.empty() || !a.select.empty();
@@ -192,11 +190,12 @@ State restore_onto(const CkptArgs& a, const Runtime& rt, const fs::path& item, c
 }
 
 void restore_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step, a.item);
-  Target t = make_target(a, item);
+  const CheckpointItem opened = CheckpointItem::find(a.dir, a.step, a.item);
+  const fs::path& item = opened.dir();
+  Target t = make_target(a, opened);
   Runtime rt = runtime_for(a, t.mesh);
   RestoreStats stats;
-  State state = restore_onto(a, rt, item, t, stats);
+  State state = restore_onto(a, rt, opened, t, stats);
   const double gbps = stats.seconds > 0 ? static_cast<double>(stats.target_bytes) / stats.seconds / 1e9 : 0;
   nlohmann::json j{{"item", item.string()},
                    {"mesh", t.mesh.to_string()},
@@ -230,8 +229,8 @@ std::string npy_descr(DType d) {
 }
 
 void export_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step, a.item);
-  State saved = saved_abstract_state(item);
+  const CheckpointItem item = CheckpointItem::find(a.dir, a.step, a.item);
+  State saved = item.abstract_state();
   const Variable& v = saved.at(a.path);
   // NumPy has no bfloat16: such a parameter is exported as float32 (exactly).
   const DType dtype = v.dtype() == DType::kBF16 ? DType::kF32 : v.dtype();
@@ -274,7 +273,7 @@ void save_orbax(const CkptArgs& a, const State& state, const std::optional<Logic
 }
 
 void reshard_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step, a.item);
+  const CheckpointItem item = CheckpointItem::find(a.dir, a.step, a.item);
   Target t = make_target(a, item);
   Runtime rt = runtime_for(a, t.mesh);
   RestoreStats stats;
@@ -288,9 +287,9 @@ void reshard_command(const CkptArgs& a) {
 
 // A conversion through a key map: each target tensor made on the host from its source tensors
 // (restored onto one device), then written (safetensors, one at a time) or gathered (Orbax).
-void convert_mapped(const CkptArgs& a, const fs::path& item, const std::string& to) {
+void convert_mapped(const CkptArgs& a, const CheckpointItem& item, const std::string& to) {
   const KeyMap map = load_key_map(a.map, parse_map_vars(a.map_vars));
-  State source = saved_abstract_state(item);
+  State source = item.abstract_state();
   if (!a.select.empty()) {
     State picked;
     for (const std::string& p : select_paths(source, select_patterns(a))) picked.insert(p, source.at(p));
@@ -354,7 +353,7 @@ void convert_mapped(const CkptArgs& a, const fs::path& item, const std::string& 
 // the other format (or the one --to names).
 // The parameters of a train state under MaxText's params/params/ prefix: a MaxText TrainState's
 // own, or a tessel state's leaves other than its optimizer state.
-State maxtext_params_of(const State& saved, const fs::path& item) {
+State maxtext_params_of(const State& saved, const CheckpointItem& item) {
   const std::string prefix = "params/params/";
   bool maxtext = false;
   for (const auto& [path, v] : saved) maxtext = maxtext || path.starts_with(prefix);
@@ -366,13 +365,13 @@ State maxtext_params_of(const State& saved, const fs::path& item) {
       out.insert(path, v);
     }
   }
-  if (out.empty()) throw ValueError(item.string() + " holds no parameters to write");
+  if (out.empty()) throw ValueError(item.dir().string() + " holds no parameters to write");
   return out;
 }
 
 void convert_command(const CkptArgs& a) {
-  const fs::path item = find_item_dir(a.dir, a.step, a.item);
-  const bool from_safetensors = read_item_metadata(item).format == StorageFormat::kSafetensors;
+  const CheckpointItem item = CheckpointItem::find(a.dir, a.step, a.item);
+  const bool from_safetensors = item.format() == StorageFormat::kSafetensors;
   const std::string to = a.to.empty() ? (from_safetensors ? "orbax" : "safetensors") : a.to;
   if (!a.map.empty()) {
     if (!a.mesh.empty() || !a.paths.empty() || !a.shardings.empty() || !a.logical_axes.empty() || !a.axis_map.empty())
@@ -456,7 +455,7 @@ void convert_command(const CkptArgs& a) {
   const std::string as = to == "orbax" ? "an Orbax item"
                          : params_only ? "MaxText's parameter-only checkpoint (step 0, item 'items')" : to;
   std::cout << fmt::format("{} tensors ({}) from {} written as {} to {} in {:.3f} s, peak RSS {}\n", t.state.size(),
-                           text_util::format_bytes(bytes), item.string(), as, a.dst,
+                           text_util::format_bytes(bytes), item.dir().string(), as, a.dst,
                            seconds_since(t0), text_util::format_bytes(peak_rss()));
 }
 

@@ -62,8 +62,8 @@ std::string duration(double seconds) {
 // optimizer state: the start of a fine-tuning run.
 State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const State& abstract, const std::string& path,
                            std::string* note) {
-  const std::filesystem::path item = find_item_dir(path);
-  const State saved = saved_abstract_state(item);
+  const CheckpointItem item = CheckpointItem::find(path);
+  const State saved = item.abstract_state();
   const State params = std::get<0>(abstract.split(Filter::kind(kParam), Filter::all()));
   auto first_missing = [&](const std::string& prefix) -> std::optional<std::string> {
     for (const auto& [p, v] : params)
@@ -75,7 +75,7 @@ State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const St
   if (prefix == prefixes.end())
     throw ValueError(fmt::format("--init-from {}: the checkpoint does not hold this model's parameters at its top, "
                                  "under params/params/ or under params/ (it lacks '{}')",
-                                 item.string(), *first_missing("")));
+                                 item.dir().string(), *first_missing("")));
   State target;
   for (const auto& [p, v] : params) target.insert(*prefix + p, v);
   RestoreOptions options;
@@ -83,7 +83,7 @@ State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const St
   const State restored = restore(rt, item, target, options);
   State placed;
   for (const auto& [p, v] : params) placed.insert(p, restored.at(*prefix + p));
-  *note = fmt::format("  initialized {} parameters from {}{}\n", params.size(), item.string(),
+  *note = fmt::format("  initialized {} parameters from {}{}\n", params.size(), item.dir().string(),
                       prefix->empty() ? "" : " (under " + prefix->substr(0, prefix->size() - 1) + ")");
   return State::merge({placed, nn::init_optimizer(t.optimizer(), placed)});
 }

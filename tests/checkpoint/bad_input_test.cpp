@@ -10,12 +10,15 @@
 #include "test_util.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/codec.h"
-#include "tessel/checkpoint/ocdbt.h"
-#include "tessel/checkpoint/zarr.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
 namespace {
+using detail::OcdbtDatabase;
+using detail::OcdbtEntry;
+using detail::ZarrArray;
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
@@ -61,7 +64,7 @@ TEST(CheckpointBadInput, BitFlipsFailTheChecksumNamingParameterAndChunk) {
     flip_byte(s.chunk("1.0"), 3);
     EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("'enc/w' chunk 1.0")));
     EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("CRC-32C mismatch")));
-    const VerifyReport r = verify(s.dir);
+    const VerifyReport r = verify(CheckpointItem::open(s.dir));
     ASSERT_EQ(r.faults.size(), 1u) << c.to_string();
     EXPECT_THAT(r.faults[0], HasSubstr("'enc/w' chunk 1.0"));
     EXPECT_EQ(r.chunks, 4);
@@ -82,7 +85,7 @@ TEST(CheckpointBadInput, CorruptOcdbtValuesNameParameterAndChunk) {
     flip_byte(db.data_file(*e), e->offset + 3);
     EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("'enc/w' chunk 1.0")));
     EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("CRC-32C mismatch")));
-    const VerifyReport r = verify(s.dir);
+    const VerifyReport r = verify(CheckpointItem::open(s.dir));
     ASSERT_EQ(r.faults.size(), 1u) << c.to_string();
     EXPECT_THAT(r.faults[0], HasSubstr("'enc/w' chunk 1.0"));
     EXPECT_EQ(r.checksums, 4);
@@ -99,7 +102,7 @@ TEST(CheckpointBadInput, CorruptOcdbtValuesNameParameterAndChunk) {
   fs::resize_file(db.data_file(*e), static_cast<std::uintmax_t>(e->offset + 5));
   EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("key '" + e->key + "'")));
   EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("past the end")));
-  EXPECT_FALSE(verify(t.dir).faults.empty());
+  EXPECT_FALSE(verify(CheckpointItem::open(t.dir)).faults.empty());
   fs::remove(db.data_file(*e));
   EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<IoError>(HasSubstr(db.data_file(*e).filename().string())));
 }
@@ -111,7 +114,7 @@ TEST(CheckpointBadInput, TruncatedMissingAndOversizedChunks) {
   fs::remove(s.chunk("2.0"));
   EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("'enc/w' chunk 2.0")));
   EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("is missing")));
-  EXPECT_EQ(verify(s.dir).faults.size(), 1u);
+  EXPECT_EQ(verify(CheckpointItem::open(s.dir)).faults.size(), 1u);
 
   Saved z(Compression::zstd());
   z.overwrite(z.chunk("0.0"), std::string(5 << 20, 'x'));
@@ -179,7 +182,7 @@ TEST(CheckpointBadInput, AbsurdShapesAreRejectedBeforeAllocating) {
               ThrowsMessage<ValueError>(HasSubstr("more than the 16 GiB")));
   s.overwrite(s.chunk(".zarray"), R"({"zarr_format": 2, "shape": [10000000000000, 4], "chunks": [1000, 4], "dtype": "<f4"})");
   const int64_t before = s.rt.device(0).memory_stats().peak;
-  EXPECT_THAT([&] { restore(s.rt, s.dir, RestoreOptions{.fallback = Placement::kReplicated}); },
+  EXPECT_THAT([&] { restore(s.rt, s.dir, TargetSpec{.placement = Placement::kReplicated}); },
               ThrowsMessage<ValueError>(HasSubstr("more than this machine's memory")));
   EXPECT_EQ(s.rt.device(0).memory_stats().peak, before);
 }
@@ -194,10 +197,10 @@ TEST(CheckpointBadInput, NamesFromMetadataStayInsideTheDirectory) {
     nlohmann::json meta{{"tree_metadata", {{"k", {{"key_metadata", keys}, {"value_metadata", {{"value_type", "jax.Array"}}}}}}},
                         {"use_ocdbt", false}};
     s.overwrite(s.dir / "_METADATA", meta.dump());
-    EXPECT_THROW(restore(s.rt, s.dir, RestoreOptions{.fallback = Placement::kReplicated}), Error) << key;
+    EXPECT_THROW(restore(s.rt, s.dir, TargetSpec{.placement = Placement::kReplicated}), Error) << key;
     bool flagged = false;
     try {
-      flagged = !verify(s.dir).faults.empty();
+      flagged = !verify(CheckpointItem::open(s.dir)).faults.empty();
     } catch (const Error&) {
       flagged = true;
     }

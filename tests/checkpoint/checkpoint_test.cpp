@@ -13,8 +13,8 @@
 #include "test_util.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/metadata.h"
-#include "tessel/checkpoint/ocdbt.h"
-#include "tessel/checkpoint/zarr.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/core/error.h"
 #include "tessel/runtime/cast.h"
 #include "tessel/sharding/rules_io.h"
@@ -23,6 +23,10 @@
 
 namespace tessel {
 namespace {
+using detail::OcdbtDatabase;
+using detail::OcdbtEntry;
+using detail::ZarrArray;
+using detail::choose_chunk_shape;
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing::TempDir;
@@ -77,7 +81,7 @@ TEST(CheckpointRoundTrip, RandomMeshesAndShardingsAreBitIdentical) {
       EXPECT_EQ(var.array().sharding(), *target.at(path).sharding());
       EXPECT_EQ(to_host(var.array()), values.at(path));
     }
-    EXPECT_TRUE(verify(tmp.path() / "ckpt").faults.empty());
+    EXPECT_TRUE(verify(CheckpointItem::open(tmp.path() / "ckpt")).faults.empty());
   }
 }
 
@@ -263,7 +267,7 @@ TEST(CheckpointRoundTrip, OcdbtTreesWithInteriorNodes) {
   State target;
   target.insert("w", Variable::abstract(kParam, {80, 64}, DType::kF32, NamedSharding(Mesh::parse("a=2,b=2"), {{"b"}, {"a"}})));
   EXPECT_EQ(to_host(restore(rt, tmp.path() / "c", target).at("w").array()), h);
-  EXPECT_TRUE(verify(tmp.path() / "c").faults.empty());
+  EXPECT_TRUE(verify(CheckpointItem::open(tmp.path() / "c")).faults.empty());
 }
 
 TEST(CheckpointFormat, Base64UrlMatchesPython) {
@@ -291,7 +295,7 @@ TEST(CheckpointFormat, LargeShardsAreSplitIntoDivisorChunks) {
   EXPECT_EQ(32 % z.chunks()[0], 0);
   EXPECT_EQ(30 % z.chunks()[1], 0);
   // Chunks tile the shards exactly, and restoring any way gives the values back.
-  State again = restore(rt, tmp.path() / "c", RestoreOptions{.fallback = Placement::kReplicated, .mesh = Mesh::parse("r=3")});
+  State again = restore(rt, tmp.path() / "c", TargetSpec{.mesh = Mesh::parse("r=3"), .placement = Placement::kReplicated});
   EXPECT_EQ(to_host(again.at("w").array()), h);
   EXPECT_EQ(choose_chunk_shape(Shape{32, 30}, 4, 1000, std::vector<size_t>{0}), (Shape{8, 30}));
   EXPECT_EQ(choose_chunk_shape(Shape{0, 3}, 4, 1000, {}), (Shape{1, 3}));
@@ -371,16 +375,16 @@ TEST(CheckpointRestore, WithoutATargetShardingThePlacementIsExplicit) {
   } catch (const ValueError& e) {
     EXPECT_THAT(e.what(), HasSubstr("the target leaf 'w' has no sharding"));
   }
-  EXPECT_THROW(restore(rt, tmp.path() / "c", RestoreOptions{}), ValueError);
-  State as_saved = restore(rt, tmp.path() / "c", unsharded, {.fallback = Placement::kAsSaved});
+  EXPECT_THROW(restore(rt, tmp.path() / "c", TargetSpec{}), ValueError);
+  State as_saved = restore(rt, tmp.path() / "c", TargetSpec{.placement = Placement::kAsSaved});
   EXPECT_EQ(as_saved.at("w").array().sharding(), NamedSharding(mesh, {{"b"}, {"a"}}));
   EXPECT_EQ(to_host(as_saved.at("w").array()), h);
-  State replicated = restore(rt, tmp.path() / "c", RestoreOptions{.fallback = Placement::kReplicated});
+  State replicated = restore(rt, tmp.path() / "c", TargetSpec{.placement = Placement::kReplicated});
   EXPECT_TRUE(replicated.at("w").array().sharding().is_fully_replicated());
   EXPECT_EQ(replicated.at("w").array().mesh().device_count(), 8);
   // A saved mesh larger than the runtime does not fit.
   Runtime small = Runtime::host(4);
-  EXPECT_THAT([&] { restore(small, tmp.path() / "c", RestoreOptions{.fallback = Placement::kAsSaved}); },
+  EXPECT_THAT([&] { restore(small, tmp.path() / "c", TargetSpec{.placement = Placement::kAsSaved}); },
               ::testing::ThrowsMessage<ValueError>(HasSubstr("more than the runtime's 4")));
 }
 
@@ -653,9 +657,7 @@ TEST(OrbaxCompat, LegacyZarrArraysRestore) {
   EXPECT_THAT([&] { restore(rt, dir, c, {.partial = true}); },
               ::testing::ThrowsMessage<ValueError>(HasSubstr("aggregate msgpack")));
   // Without _sharding, as_saved has nothing to go by.
-  State unsharded;
-  unsharded.insert("a", Variable::abstract(kParam, {8}, DType::kI64));
-  EXPECT_THAT([&] { restore(rt, dir, unsharded, {.partial = true, .fallback = Placement::kAsSaved}); },
+  EXPECT_THAT([&] { restore(rt, dir, TargetSpec{.placement = Placement::kAsSaved, .paths = {"a"}}); },
               ::testing::ThrowsMessage<ValueError>(HasSubstr("no saved NamedSharding")));
 }
 

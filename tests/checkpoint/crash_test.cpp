@@ -36,7 +36,7 @@ int wait_for(pid_t pid) {
 
 std::map<std::string, HostArray> restore_all(const Runtime& rt, const fs::path& item) {
   std::map<std::string, HostArray> out;
-  for (const auto& [path, v] : restore(rt, item, RestoreOptions{.fallback = Placement::kAsSaved})) {
+  for (const auto& [path, v] : restore(rt, item, TargetSpec{.placement = Placement::kAsSaved})) {
     out.emplace(path, to_host(v.array()));
   }
   return out;
@@ -80,7 +80,7 @@ TEST(CheckpointCrash, KilledSavesLeaveThePreviousStepsIntact) {
     for (int64_t s : steps) {
       // Every listed step is complete and sound.
       ASSERT_TRUE(fs::exists(root / std::to_string(s) / "commit_success.txt")) << s;
-      const VerifyReport r = verify(root / std::to_string(s) / "default");
+      const VerifyReport r = verify(CheckpointItem::open(root / std::to_string(s) / "default"));
       ASSERT_TRUE(r.faults.empty()) << r.faults.front();
     }
     const bool listed = std::find(steps.begin(), steps.end(), step) != steps.end();

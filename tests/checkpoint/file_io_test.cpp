@@ -16,11 +16,13 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
-#include "tessel/checkpoint/detail/file_io.h"
-#include "tessel/checkpoint/ocdbt.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
 
 namespace tessel {
 namespace {
+using detail::OcdbtDatabase;
+using detail::OcdbtWriter;
 namespace fs = std::filesystem;
 using detail::File;
 

@@ -15,6 +15,12 @@
 
 namespace tessel {
 namespace {
+// The ladder on `mesh` for the item in `dir`.
+State restore_target(const std::filesystem::path& dir, const Mesh& mesh, TargetSpec spec = {}) {
+  spec.mesh = mesh;
+  return make_target(CheckpointItem::open(dir), spec);
+}
+
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
@@ -121,7 +127,7 @@ TEST(RestoreTarget, LogicalAxesResolveThroughTheSavedRules) {
   const State target = restore_target(tmp.path() / "item", mesh);
   EXPECT_EQ(target.at("w").sharding()->spec(), (PartitionSpec{{"fsdp"}, {"tensor"}}));  // the saved rules
   EXPECT_EQ(target.at("b").sharding()->spec(), (PartitionSpec{{"fsdp"}}));               // the saved spec
-  TargetOptions other;
+  TargetSpec other;
   other.rules = LogicalRules({{"mlp", {"fsdp"}}});
   other.paths = {"w"};
   const State only_w = restore_target(tmp.path() / "item", mesh, other);

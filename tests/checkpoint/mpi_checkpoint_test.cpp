@@ -124,7 +124,7 @@ TEST(MpiCheckpoint, EachProcessWritesItsBlocksAndRestoresOnlyItsOwn) {
     EXPECT_EQ(stats.target_bytes, local_bytes(got));
     EXPECT_EQ(stats.bytes_read, stats.target_bytes);
     EXPECT_EQ(stats.target_bytes * mpi().process_count(), (64 * 32 * 2 + 32) * 4);
-    EXPECT_TRUE(verify(item).faults.empty());
+    EXPECT_TRUE(verify(CheckpointItem::open(item)).faults.empty());
   }
 }
 

@@ -5,7 +5,7 @@
 #include <iostream>
 #include <string>
 
-#include "tessel/checkpoint/ocdbt.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
 #include "tessel/core/error.h"
 
 int main(int argc, char** argv) {
@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    tessel::OcdbtWriter w(argv[1], {.max_node_entries = 4, .zstd = std::string(argv[2]) == "1", .durable = false});
+    tessel::detail::OcdbtWriter w(argv[1], {.max_node_entries = 4, .zstd = std::string(argv[2]) == "1", .durable = false});
     for (int i = 0; i < 200; ++i) {
       w.put("p" + std::to_string(i % 7) + "/c/" + std::to_string(i), std::string(i % 3 == 0 ? 1500 : 10, static_cast<char>('a' + i % 26)));
     }

@@ -1,4 +1,4 @@
-#include "tessel/checkpoint/ocdbt.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,11 +11,17 @@
 #include <thread>
 
 #include "../test_util.h"
-#include "tessel/checkpoint/detail/crc32c.h"
+#include "tessel/checkpoint/detail/io/crc32c.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
 namespace {
+using detail::OcdbtDatabase;
+using detail::OcdbtWriter;
+using detail::OcdbtEntry;
+using detail::decode_ocdbt_node;
+using detail::decode_ocdbt_manifest;
+using detail::merge_ocdbt;
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 

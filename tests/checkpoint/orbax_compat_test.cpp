@@ -11,9 +11,9 @@
 #include "../runtime/runtime_test_util.h"
 #include "test_util.h"
 #include "tessel/checkpoint/codec.h"
-#include "tessel/checkpoint/detail/crc32c.h"
-#include "tessel/checkpoint/ocdbt.h"
-#include "tessel/checkpoint/zarr.h"
+#include "tessel/checkpoint/detail/io/crc32c.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/metadata.h"
@@ -21,6 +21,8 @@
 
 namespace tessel {
 namespace {
+using detail::OcdbtWriter;
+using detail::ZarrArray;
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
@@ -72,11 +74,11 @@ TEST(OrbaxCompat, ReadableCheckpointsRestoreOntoAnyMesh) {
     EXPECT_TRUE(meta.use_ocdbt);
     EXPECT_EQ(meta.use_zarr3, ckpt.string().find("v1_checkpoints") != std::string::npos);
     for (const char* mesh : {"x=1", "x=2", "x=4"}) expect_values(restore(rt, item, target(Mesh::parse(mesh))));
-    expect_values(restore(rt, item, {.fallback = Placement::kReplicated}));
-    const VerifyReport report = verify(item);
+    expect_values(restore(rt, item, TargetSpec{.placement = Placement::kReplicated}));
+    const VerifyReport report = verify(CheckpointItem::open(item));
     EXPECT_TRUE(report.faults.empty()) << report.faults.front();
     EXPECT_EQ(report.chunks, 2);
-    const auto info = describe_item(item);
+    const auto info = CheckpointItem::open(item).describe();
     ASSERT_EQ(info.size(), 2u);
     EXPECT_EQ(info[0].shape, Shape({8}));
     EXPECT_GT(info[0].stored_bytes, 0);
@@ -98,7 +100,7 @@ TEST(OrbaxCompat, CriticalAlterationsAreClearErrors) {
       // The manifest names what is missing; without d/, the root node's file is named.
       EXPECT_THAT(e.what(), HasSubstr(no_manifest ? "no manifest.ocdbt" : "/d/"));
     }
-    EXPECT_THROW(verify(item), Error);
+    EXPECT_THROW(verify(CheckpointItem::open(item)), Error);
   }
   // An added checkpointable with a _METADATA that is not JSON: its own read fails by name, the
   // state item is untouched.
@@ -215,7 +217,7 @@ TEST(OcdbtRoundTrip, RandomArraysRestoreOntoRandomMeshes) {
       EXPECT_EQ(var.array().sharding(), *target.at(path).sharding()) << path;
       EXPECT_EQ(to_host(var.array()), values.at(path)) << path;
     }
-    const VerifyReport report = verify(tmp.path() / "item");
+    const VerifyReport report = verify(CheckpointItem::open(tmp.path() / "item"));
     EXPECT_TRUE(report.faults.empty()) << report.faults.front();
   }
 }

@@ -12,12 +12,20 @@
 #include "../test_util.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/items.h"
+#include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
 namespace {
+using detail::is_safetensors;
+// The ladder on `mesh` for the item in `dir`.
+State restore_target(const std::filesystem::path& dir, const Mesh& mesh, TargetSpec spec = {}) {
+  spec.mesh = mesh;
+  return make_target(CheckpointItem::open(dir), spec);
+}
+
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing::TempDir;
@@ -39,7 +47,7 @@ State random_state(std::mt19937& rng, const Runtime& rt, const Mesh& mesh, int l
 // A target of every saved tensor on `mesh`, each with a random spec.
 State random_target(std::mt19937& rng, const fs::path& source, const Mesh& mesh) {
   State target;
-  for (const auto& [path, v] : saved_abstract_state(source))
+  for (const auto& [path, v] : CheckpointItem::open(source).abstract_state())
     target.insert(path, Variable::abstract(kParam, v.shape(), v.dtype(),
                                            NamedSharding(mesh, testing::random_spec(rng, mesh, v.shape().rank()))));
   return target;
@@ -79,7 +87,7 @@ TEST(Safetensors, RandomStatesRoundTripOntoOtherMeshes) {
         bytes += static_cast<int64_t>(h.bytes().size());
       }
       EXPECT_EQ(stats.bytes_read, bytes) << "each tensor byte is read once";
-      EXPECT_TRUE(verify(source).faults.empty());
+      EXPECT_TRUE(verify(CheckpointItem::open(source)).faults.empty());
     }
   }
   EXPECT_GE(sets, 4);
@@ -288,7 +296,7 @@ TEST(CheckpointWriterTest, AnOrbaxItemOneArrayAtATime) {
     std::reverse(paths.begin(), paths.end());
     for (const std::string& p : paths) w.write(p, state.at(p).array());
     w.commit();
-    EXPECT_TRUE(verify(tmp.path() / "item").faults.empty());
+    EXPECT_TRUE(verify(CheckpointItem::open(tmp.path() / "item")).faults.empty());
     const State got = restore(rt, tmp.path() / "item", random_target(rng, tmp.path() / "item", Mesh::parse("z=4")));
     for (const auto& [path, h] : values) EXPECT_EQ(to_host(got.at(path).array()), h) << path;
     // The same item as save() writes, file for file.

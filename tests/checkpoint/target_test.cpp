@@ -16,6 +16,12 @@
 
 namespace tessel {
 namespace {
+// The ladder on `mesh` for the item in `dir`.
+State restore_target(const std::filesystem::path& dir, const Mesh& mesh, TargetSpec spec = {}) {
+  spec.mesh = mesh;
+  return make_target(CheckpointItem::open(dir), spec);
+}
+
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
@@ -73,7 +79,7 @@ TEST(ForeignTarget, AxisMapRenamesAndDropsSavedAxes) {
   Runtime rt = Runtime::host(8);
   auto s = save_foreign(rt);
   const Mesh mesh = Mesh::parse("data=2,model=4");
-  TargetOptions o;
+  TargetSpec o;
   o.axis_map = parse_axis_map("x=data, y=model");
   State target = restore_target(s->item(), mesh, o);
   EXPECT_EQ(target.at("params/params/token_embedder/embedding").sharding()->spec(), (PartitionSpec{{"data", "model"}}));
@@ -103,7 +109,7 @@ TEST(ForeignTarget, SpecsFromMaxTextsNamedDumpOrAPlainMap) {
       {".step", PartitionSpec{}, Shape()},
   };
   std::ofstream(s->tmp.path() / "named.json") << named_dump_json(entries, mesh);
-  TargetOptions o;
+  TargetSpec o;
   o.specs = load_target_specs(s->tmp.path() / "named.json");
   EXPECT_TRUE(o.specs.contains("opt_state/0/mu/params/decoder/mlp/wi/kernel"));
   State target = restore_target(s->item(), mesh, o);
@@ -135,7 +141,7 @@ TEST(ForeignTarget, LogicalAxesFromMaxTextsLogicalDumpWithRules) {
     ".params/['params']/['token_embedder']/['embedding']": {"partition_spec": ["vocab", "embed"], "shape": [32, 8]},
     ".opt_state/[0]/.mu/['params']/['decoder']/['mlp']/['wi']/['kernel']": {"partition_spec": ["embed", "mlp"], "shape": [8, 16]},
     ".step": {"partition_spec": [], "shape": []}})";
-  TargetOptions o;
+  TargetSpec o;
   o.logical_axes = load_target_logical_axes(s->tmp.path() / "logical.json");
   EXPECT_THAT([&] { restore_target(s->item(), mesh, o); }, ThrowsMessage<ValueError>(HasSubstr("need rules")));
   o.rules = LogicalRules({{"embed", {"fsdp"}}, {"mlp", {"tensor"}}, {"vocab", {"tensor"}}});
@@ -156,7 +162,7 @@ TEST(ForeignTarget, DumpKeysBecomePaths) {
 TEST(ForeignTarget, SelectAndRenameSubtrees) {
   Runtime rt = Runtime::host(8);
   auto s = save_foreign(rt);
-  const State saved = saved_abstract_state(s->item());
+  const State saved = CheckpointItem::open(s->item()).abstract_state();
   EXPECT_EQ(select_paths(saved, {"params.params.decoder.*"}),
             (std::vector<std::string>{"params/params/decoder/mlp/wi/kernel", "params/params/decoder/mlp/wo/kernel"}));
   EXPECT_EQ(select_paths(saved, {"opt_state/0/mu/*", "step"}).size(), 2u);

@@ -77,9 +77,9 @@ def test_errors_are_python_exceptions_with_tessels_messages(tmp_path):
         tessel.checkpoint.save(str(tmp_path / "x"), {"a/b": np.zeros(2)})
     with pytest.raises(tessel.ArgumentError, match="not one of the blocks|is missing"):
         mesh = tessel.Mesh({"x": 2})
-        tessel._tessel.save_leaves(str(tmp_path / "y"), [("w", "float32", (4,), tessel.NamedSharding(mesh, tessel.P("x")),
-                                                          [((0,), (2,), np.zeros(8, np.uint8))], None)],
-                                   "none", True, False, 1 << 20, None, [])
+        leaf = {"path": "w", "dtype": "float32", "shape": (4,), "sharding": tessel.NamedSharding(mesh, tessel.P("x")),
+                "blocks": [((0,), (2,), np.zeros(8, np.uint8))], "logical_axes": None}
+        tessel._tessel.save_leaves(str(tmp_path / "y"), [leaf], "none", True, False, 1 << 20, None, [])
     assert not os.path.exists(tmp_path / "y")
 
 

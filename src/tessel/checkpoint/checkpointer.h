@@ -23,7 +23,9 @@
 #include <vector>
 
 #include "tessel/checkpoint/codec.h"
+#include "tessel/checkpoint/item.h"
 #include "tessel/checkpoint/metadata.h"
+#include "tessel/checkpoint/target.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/sharding/logical_rules.h"
 #include "tessel/state/state.h"
@@ -115,17 +117,8 @@ class CheckpointWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// Where a leaf goes when the target gives no sharding for it (or there is no target).
-enum class Placement {
-  kTarget,      // the target must give one: a leaf without a sharding is an error
-  kAsSaved,     // the sharding in `_sharding`, if its mesh fits the runtime
-  kReplicated,  // a full copy on every device of RestoreOptions::mesh (default: all devices)
-};
-
 struct RestoreOptions {
   bool partial = false;  // restore exactly the target's leaves; the checkpoint may hold more
-  Placement fallback = Placement::kTarget;
-  std::optional<Mesh> mesh;                         // for kReplicated
   int64_t staging_bytes = int64_t{256} << 20;       // host bytes for chunk decoding at once
   int readers = 0;                                  // 0: max(2, cores), at most 16; and
                                                     // max(8, cores) to read mapped chunks in
@@ -148,33 +141,24 @@ struct RestoreStats {
 };
 
 // Restores into the structure, shapes, dtypes (cast when they differ from the saved ones) and
-// shardings of `target` (e.g. eval_shape on any mesh). Throws ValueError listing the leaves missing
-// on either side (unless partial), naming a leaf whose shape differs, or a chunk that is missing,
-// truncated, corrupt or fails its checksum.
+// shardings of `target` (e.g. eval_shape on any mesh; every leaf needs a sharding). Throws
+// ValueError listing the leaves missing on either side (unless partial), naming a leaf whose shape
+// differs, or a chunk that is missing, truncated, corrupt or fails its checksum.
+State restore(const Runtime& rt, const CheckpointItem& item, const State& target, const RestoreOptions& options = {},
+              RestoreStats* stats = nullptr);
+// The leaves `spec` chooses, placed by it (make_target), under its renamed paths.
+State restore(const Runtime& rt, const CheckpointItem& item, const TargetSpec& spec, const RestoreOptions& options = {},
+              RestoreStats* stats = nullptr);
+// The same for CheckpointItem::open(item_dir).
 State restore(const Runtime& rt, const std::filesystem::path& item_dir, const State& target,
               const RestoreOptions& options = {}, RestoreStats* stats = nullptr);
-// Every saved leaf, placed by options.fallback (kAsSaved or kReplicated; kTarget is an error).
-State restore(const Runtime& rt, const std::filesystem::path& item_dir, const RestoreOptions& options,
-              RestoreStats* stats = nullptr);
-
-// The saved leaves as abstract variables: kind, shape, dtype, partitioning, and the saved
-// sharding where `_sharding` has one (nullopt otherwise).
-State saved_abstract_state(const std::filesystem::path& item_dir);
-
-// What `tessel ckpt info` shows per parameter.
-struct SavedArrayInfo {
-  ParamMetadata param;
-  Shape shape;
-  DType dtype = DType::kF32;
-  Shape chunks;
-  Compression compression;
-  int64_t num_chunks = 0;
-  int64_t stored_bytes = 0;  // sum of the chunk files' sizes
-};
-std::vector<SavedArrayInfo> describe_item(const std::filesystem::path& item_dir);
+State restore(const Runtime& rt, const std::filesystem::path& item_dir, const TargetSpec& spec,
+              const RestoreOptions& options = {}, RestoreStats* stats = nullptr);
 
 // Reads every chunk of every array, checks sizes, decoding and CRC-32C. One line per fault,
-// naming the parameter and the chunk; empty when the item is sound.
+// naming the parameter and the chunk; empty when the item is sound. `checksums` counts the chunks
+// whose CRC-32C was compared: an item written without them (Orbax's own) is read and decoded, but
+// a flipped byte in it can go unnoticed.
 struct VerifyReport {
   std::vector<std::string> faults;
   int64_t arrays = 0;
@@ -182,6 +166,6 @@ struct VerifyReport {
   int64_t bytes = 0;
   int64_t checksums = 0;  // chunks whose CRC-32C was compared
 };
-VerifyReport verify(const std::filesystem::path& item_dir);
+VerifyReport verify(const CheckpointItem& item);
 
 }  // namespace tessel

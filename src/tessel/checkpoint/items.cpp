@@ -4,9 +4,9 @@
 #include <charconv>
 #include <map>
 
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/checkpoint/detail/item_io.h"
-#include "tessel/checkpoint/safetensors.h"
+#include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/core/error.h"
 #include "tessel/core/path.h"
 #include "tessel/detail/json_util.h"
@@ -138,7 +138,7 @@ std::vector<ItemInfo> list_items(const fs::path& step_dir) {
 
 fs::path find_item_dir(const fs::path& given, std::optional<int64_t> step, const std::optional<std::string>& item) {
   const fs::path path = local_path(given.string(), "checkpoint");
-  if (is_safetensors(path)) {
+  if (detail::is_safetensors(path)) {
     if (step || item) throw ValueError("--step and --item are for Orbax checkpoints; '" + path.string() + "' is safetensors");
     return path;
   }

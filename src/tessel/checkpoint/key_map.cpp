@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"

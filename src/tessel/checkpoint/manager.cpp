@@ -9,7 +9,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/checkpoint/detail/item_io.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
 #include "tessel/core/error.h"

@@ -2,10 +2,7 @@
 
 #include <algorithm>
 
-#include "tessel/checkpoint/detail/file_io.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
-#include "tessel/checkpoint/ocdbt.h"
-#include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/detail/text_util.h"
@@ -19,7 +16,6 @@ using json_util::Json;
 
 namespace {
 
-constexpr int64_t kMaxMetadataBytes = int64_t{1} << 30;
 constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 // Python's str() of a tuple of strings: "('a',)", "('b', 'c')".
@@ -184,6 +180,43 @@ std::string base64_url_decode(std::string_view text) {
   return out;
 }
 
+namespace {
+
+struct ValueTypeName {
+  ValueType type;
+  std::string_view name;
+};
+constexpr ValueTypeName kValueTypes[] = {
+    {ValueType::kJaxArray, "jax.Array"}, {ValueType::kNumpyArray, "np.ndarray"}, {ValueType::kScalar, "scalar"},
+    {ValueType::kString, "string"},      {ValueType::kPlaceholder, "placeholder"}, {ValueType::kNone, "None"},
+    {ValueType::kDict, "Dict"},          {ValueType::kList, "List"},             {ValueType::kTuple, "Tuple"},
+    {ValueType::kNamedTuple, "NamedTuple"}, {ValueType::kUnknown, "Unknown"},
+};
+
+}  // namespace
+
+ValueType parse_value_type(std::string_view text) {
+  for (const auto& v : kValueTypes)
+    if (v.name == text) return v.type;
+  return ValueType::kOther;
+}
+
+std::string_view value_type_name(ValueType type) {
+  for (const auto& v : kValueTypes)
+    if (v.type == type) return v.name;
+  return "other";
+}
+
+bool is_empty_node(ValueType type) {
+  return type == ValueType::kNone || type == ValueType::kDict || type == ValueType::kList || type == ValueType::kTuple ||
+         type == ValueType::kNamedTuple;
+}
+
+bool holds_array(ValueType type) {
+  return type == ValueType::kJaxArray || type == ValueType::kNumpyArray || type == ValueType::kScalar ||
+         type == ValueType::kUnknown;
+}
+
 const ParamMetadata* ItemMetadata::find(std::string_view path) const {
   for (const auto& p : params) {
     if (p.path == path) return &p;
@@ -260,7 +293,8 @@ ItemMetadata parse_item_metadata(std::string_view metadata_json, std::string_vie
     }
     const Json vm = entry.value("value_metadata", Json::object());
     if (!vm.is_object()) bad(what, "value_metadata must be an object");
-    p.value_type = vm.contains("value_type") && vm["value_type"].is_string() ? vm["value_type"].get<std::string>() : "Unknown";
+    p.value_type = vm.contains("value_type") && vm["value_type"].is_string() ? parse_value_type(vm["value_type"].get<std::string>())
+                                                                             : ValueType::kUnknown;
     if (vm.contains("skip_deserialize")) {
       if (!vm["skip_deserialize"].is_boolean()) bad(what, "skip_deserialize must be true or false");
       p.skip_deserialize = vm["skip_deserialize"].get<bool>();
@@ -317,27 +351,12 @@ ItemMetadata parse_item_metadata(std::string_view metadata_json, std::string_vie
   return item;
 }
 
-// A _METADATA text for an item that lost its own: one jax.Array leaf per stored array (a key
-// `<name>/.zarray` or `<name>/zarr.json`), or "" when there is none.
-std::string tree_from_array_names(const fs::path& item_dir, bool ocdbt) {
+std::string metadata_from_array_keys(const std::vector<std::string>& stored_keys, bool use_ocdbt) {
   std::map<std::string, bool> names;  // name -> zarr3
-  auto consider = [&](std::string_view key) {
+  for (const std::string& key : stored_keys) {
     for (const auto& [suffix, v3] : {std::pair<std::string_view, bool>{"/.zarray", false}, {"/zarr.json", true}}) {
       if (key.size() > suffix.size() && key.ends_with(suffix)) {
-        names.emplace(std::string(key.substr(0, key.size() - suffix.size())), v3);
-      }
-    }
-  };
-  if (ocdbt) {
-    const OcdbtDatabase db = OcdbtDatabase::open(item_dir);
-    for (const auto& e : db.entries()) consider(e.key);
-  } else {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(item_dir, ec)) {
-      if (!e.is_directory() || e.is_symlink()) continue;
-      const std::string name = e.path().filename().string();
-      for (const char* f : {".zarray", "zarr.json"}) {
-        if (fs::exists(e.path() / f)) consider(name + "/" + f);
+        names.emplace(key.substr(0, key.size() - suffix.size()), v3);
       }
     }
   }
@@ -358,65 +377,9 @@ std::string tree_from_array_names(const fs::path& item_dir, bool ocdbt) {
     tree[python_tuple(parts)] = {{"key_metadata", keys}, {"value_metadata", {{"value_type", "jax.Array"}, {"skip_deserialize", false}}}};
     zarr3 = zarr3 || v3;
   }
-  return Json{{"tree_metadata", tree}, {"use_ocdbt", ocdbt}, {"use_zarr3", zarr3}}.dump();
+  return Json{{"tree_metadata", tree}, {"use_ocdbt", use_ocdbt}, {"use_zarr3", zarr3}}.dump();
 }
 
-namespace {
-
-// A safetensors file or set as an item: one leaf per tensor, its levels the name's '.'-parts.
-ItemMetadata safetensors_metadata(const fs::path& path) {
-  const SafetensorsSet set = open_safetensors(path);
-  ItemMetadata item;
-  item.format = StorageFormat::kSafetensors;
-  item.format_metadata = set.metadata;
-  for (const SafetensorsTensor& t : set.tensors) {
-    ParamMetadata p;
-    p.name = t.name;
-    for (std::string_view level : text_util::split(t.name, '.')) {
-      p.keys.emplace_back(level);
-      p.key_types.push_back(kDictKey);
-    }
-    for (const std::string& k : p.keys) p.path += (p.path.empty() ? "" : "/") + k;
-    p.value_type = "jax.Array";
-    p.write_shape = t.shape;
-    p.dtype = t.dtype;
-    item.params.push_back(std::move(p));
-  }
-  std::sort(item.params.begin(), item.params.end(),
-            [](const ParamMetadata& a, const ParamMetadata& b) { return PathLess()(a.path, b.path); });
-  return item;
-}
-
-}  // namespace
-
-ItemMetadata read_item_metadata(const fs::path& item_dir) {
-  if (is_safetensors(item_dir)) return safetensors_metadata(item_dir);
-  const fs::path meta = item_dir / "_METADATA";
-  const bool ocdbt = fs::exists(fs::symlink_status(item_dir / "manifest.ocdbt"));
-  std::string sharding;
-  if (fs::exists(item_dir / "_sharding")) sharding = detail::read_file(item_dir / "_sharding", kMaxMetadataBytes);
-  if (!fs::exists(meta)) {
-    // Orbax can restore such an item when it is told the tree; tessel rebuilds the tree from the
-    // arrays' names (each '.' a level, as Orbax joins them).
-    std::string text = tree_from_array_names(item_dir, ocdbt);
-    if (text.empty()) {
-      throw IoError("'" + item_dir.string() + "' has no _METADATA: it is not an Orbax PyTree checkpoint item");
-    }
-    ItemMetadata item = parse_item_metadata(text, sharding, (item_dir / "(array names)").string());
-    item.use_ocdbt = ocdbt;
-    return item;
-  }
-  const std::string text = detail::read_file(meta, kMaxMetadataBytes);
-  ItemMetadata item = parse_item_metadata(text, sharding, meta.string());
-  // Orbax decides by the manifest, as tessel does; a _METADATA that promises one is the one
-  // critical file gone missing.
-  if (item.use_ocdbt && !ocdbt) {
-    throw ValueError(meta.string() + ": use_ocdbt is true but there is no manifest.ocdbt in '" + item_dir.string() +
-                     "' (the OCDBT database is missing)");
-  }
-  item.use_ocdbt = ocdbt;
-  return item;
-}
 
 namespace detail {
 

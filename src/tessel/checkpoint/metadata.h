@@ -5,9 +5,10 @@
 // `array_metadatas/process_0`. Reading never trusts a name: each becomes one checked path
 // component.
 //
-//   auto item = tessel::read_item_metadata("ckpt/7/default");
+//   auto item = tessel::parse_item_metadata(metadata_text, sharding_text, "ckpt/7/default/_METADATA");
 //   for (const auto& p : item.params) std::cout << p.path << " " << p.name << "\n";
 //   // decoder/layers/mlp/wi/kernel decoder.layers.mlp.wi.kernel
+// (CheckpointItem, item.h, reads them from a directory.)
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,29 @@ struct SavedSharding {
   PartitionSpec spec;
 };
 
+// Orbax's value_metadata.value_type of a leaf (its type handler's typestr).
+enum class ValueType {
+  kJaxArray,     // "jax.Array"
+  kNumpyArray,   // "np.ndarray"
+  kScalar,       // "scalar"
+  kString,       // "string"
+  kPlaceholder,  // "placeholder": a leaf left out on purpose
+  kNone,         // "None", "Dict", "List", "Tuple", "NamedTuple": an empty node of the tree
+  kDict,
+  kList,
+  kTuple,
+  kNamedTuple,
+  kUnknown,  // none recorded ("Unknown")
+  kOther,    // another type handler's name
+};
+ValueType parse_value_type(std::string_view text);
+// Orbax's name of it ("jax.Array", ...); "other" for kOther.
+std::string_view value_type_name(ValueType type);
+// An empty node of the tree (Orbax's is_empty_typestr): restored as the empty container.
+bool is_empty_node(ValueType type);
+// A leaf a restore without a target reads as an array.
+bool holds_array(ValueType type);
+
 // Orbax's KeyType of each key in a leaf's path: a list/tuple index or a dict key.
 inline constexpr int kSequenceKey = 1;
 inline constexpr int kDictKey = 2;
@@ -42,7 +66,7 @@ struct ParamMetadata {
   std::string name;               // Orbax's param name: the keys joined by '.' (its directory)
   std::vector<std::string> keys;  // one per nesting level
   std::vector<int> key_types;     // per key: kSequenceKey or kDictKey
-  std::string value_type;         // "jax.Array", "np.ndarray", "scalar", ...
+  ValueType value_type = ValueType::kUnknown;
   bool skip_deserialize = false;  // Orbax: no data stored under the name (empty node, aggregate)
   std::optional<Shape> write_shape;
   std::string kind = kParam;            // tessel: the variable's kind
@@ -70,14 +94,15 @@ struct ItemMetadata {
   const ParamMetadata* find(std::string_view path) const;  // nullptr if absent
 };
 
-// Reads `_METADATA` and, when present, `_sharding`; for a safetensors file, set or directory
-// (is_safetensors), the tensors' headers instead. Throws ParseError/ValueError/IoError naming the
-// file.
-ItemMetadata read_item_metadata(const std::filesystem::path& item_dir);
-
-// The same from text (the fuzzers' entry point); `sharding_json` may be empty (no `_sharding`).
+// An item's `_METADATA` and `_sharding` texts (the fuzzers' entry point); `sharding_json` may be
+// empty (no `_sharding`). Throws ParseError/ValueError naming `source`.
 ItemMetadata parse_item_metadata(std::string_view metadata_json, std::string_view sharding_json,
                                  std::string_view source);
+
+// The `_METADATA` text for an item that lost its own, from its stored keys: one jax.Array leaf per
+// array (a key `<name>/.zarray` or `<name>/zarr.json`, each '.' of the name a level, as Orbax
+// joins them); "" when there is none.
+std::string metadata_from_array_keys(const std::vector<std::string>& stored_keys, bool use_ocdbt);
 
 // Parses a `_sharding` value (the inner JSON string): a NamedSharding, or nullopt for a
 // SingleDeviceSharding. Throws ValueError naming `what` otherwise.

@@ -10,9 +10,10 @@
 
 #include <fmt/format.h>
 
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/checkpoint/detail/item_io.h"
 #include "tessel/checkpoint/detail/staged_state.h"
+#include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
@@ -65,7 +66,7 @@ Layout plan_files(const std::vector<std::tuple<std::string, Shape, DType>>& arra
   if (options.max_file_bytes < 0) throw ValueError("max_file_bytes must not be negative");
   Layout l;
   for (const auto& [path, shape, dtype] : arrays) {
-    safetensors_dtype(dtype);  // every tessel dtype has one; checked before anything is written
+    detail::safetensors_dtype(dtype);  // every tessel dtype has one; checked before anything is written
     l.tensors.push_back({path, shape, dtype, tensor_name(path), 0, 0, shape.num_elements() * static_cast<int64_t>(item_size(dtype))});
   }
   std::sort(l.tensors.begin(), l.tensors.end(), [](const Placed& a, const Placed& b) {
@@ -88,7 +89,7 @@ Layout plan_files(const std::vector<std::tuple<std::string, Shape, DType>>& arra
   if (!options.metadata.empty())
     for (Json& h : headers) h["__metadata__"] = options.metadata;
   for (const Placed& t : l.tensors)
-    headers[t.file][t.name] = {{"dtype", std::string(safetensors_dtype(t.dtype))},
+    headers[t.file][t.name] = {{"dtype", std::string(detail::safetensors_dtype(t.dtype))},
                                {"shape", t.shape.dims()},
                                {"data_offsets", {t.begin, t.begin + t.bytes}}};
   for (size_t f = 0; f < n; ++f) {

@@ -7,8 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "tessel/checkpoint/checkpointer.h"
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/detail/text_util.h"
@@ -64,61 +63,130 @@ void check_given(const Map& given, const State& saved, std::string_view what, co
 
 }  // namespace
 
-State restore_target(const std::filesystem::path& item_dir, const Mesh& mesh, const TargetOptions& options) {
-  const std::optional<LogicalRules> rules = options.rules ? options.rules : read_item_metadata(item_dir).rules;
-  const State saved = saved_abstract_state(item_dir);
-  for (const auto& w : options.paths) {
-    if (!saved.contains(w)) throw ValueError(fmt::format("'{}' is not in '{}'", w, item_dir.string()));
+namespace {
+
+std::string join_foreign(const std::vector<std::string>& foreign) {
+  const size_t show = std::min<size_t>(foreign.size(), 5);
+  return fmt::format("{}{}", fmt::join(std::vector<std::string>(foreign.begin(), foreign.begin() + static_cast<long>(show)), "\n  "),
+                     foreign.size() > show ? fmt::format("\n  ... and {} more", foreign.size() - show) : std::string());
+}
+
+// The leaves a spec chooses, in the item's order: `paths` and `select`, else every saved array.
+std::vector<const ParamMetadata*> chosen_leaves(const CheckpointItem& item, const State& saved, const TargetSpec& spec) {
+  std::set<std::string> wanted;
+  for (const std::string& p : spec.paths) {
+    if (!saved.contains(p)) throw ValueError(fmt::format("'{}' is not in '{}'", p, item.dir().string()));
+    wanted.insert(p);
   }
-  check_given(options.specs, saved, "target specs", item_dir);
-  check_given(options.logical_axes, saved, "target logical axes", item_dir);
-  if (!options.logical_axes.empty() && !rules)
-    throw ValueError("target logical axes need rules to resolve them (--rules)");
-  State target;
-  std::vector<std::string> foreign;  // leaves whose saved spec names axes the mesh lacks
+  if (!spec.select.empty()) {
+    for (std::string& p : select_paths(saved, spec.select)) wanted.insert(std::move(p));
+  }
+  std::vector<const ParamMetadata*> out;
   for (const auto& [path, v] : saved) {
-    if (!options.paths.empty() && std::find(options.paths.begin(), options.paths.end(), path) == options.paths.end()) {
-      continue;
-    }
-    std::optional<NamedSharding> s;
-    if (auto it = options.specs.find(path); it != options.specs.end()) {
-      s = NamedSharding(mesh, it->second);
-      s->device_box(mesh.device_ids().front(), v.shape());  // checks the spec fits the shape
-    } else if (auto la = options.logical_axes.find(path); la != options.logical_axes.end()) {
-      s = resolve_sharding(Partitioning::by_logical(la->second), v.shape(), mesh, *rules, options.resolve, path);
-    } else if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes)) {
-      s = resolve_sharding(v.partitioning(), v.shape(), mesh, rules ? *rules : LogicalRules{}, options.resolve, path);
-    } else if (v.sharding()) {
-      const PartitionSpec spec = map_axes(v.sharding()->spec(), options.axis_map, mesh);
-      if (const auto missing = missing_axes(spec, mesh); !missing.empty()) {
-        foreign.push_back(fmt::format("{} {} (saved {} on {}; {} lacks {})", path, type_string(v.dtype(), v.shape()),
-                                      v.sharding()->spec().to_string(), v.sharding()->mesh().to_string(),
-                                      mesh.to_string(), fmt::join(missing, ", ")));
-        continue;
+    if (wanted.empty() || wanted.contains(path)) out.push_back(item.metadata().find(path));
+  }
+  return out;
+}
+
+// The last rung: where `placement` puts a leaf nothing given placed.
+std::optional<NamedSharding> place(const ParamMetadata& p, const Variable& v, const TargetSpec& spec,
+                                   const std::optional<LogicalRules>& rules, std::optional<int64_t> devices,
+                                   std::vector<std::string>& foreign) {
+  switch (spec.placement) {
+    case Placement::kMesh: {
+      if (!spec.mesh) throw ValueError("placing '" + p.path + "' on the target mesh needs a mesh");
+      const Mesh& mesh = *spec.mesh;
+      if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes))
+        return resolve_sharding(v.partitioning(), v.shape(), mesh, rules ? *rules : LogicalRules{}, spec.resolve, p.path);
+      if (!v.sharding()) return NamedSharding(mesh, PartitionSpec{});
+      const PartitionSpec saved = map_axes(v.sharding()->spec(), spec.axis_map, mesh);
+      if (const auto missing = missing_axes(saved, mesh); !missing.empty()) {
+        foreign.push_back(fmt::format("{} {} (saved {} on {}; {} lacks {})", p.path, type_string(v.dtype(), v.shape()),
+                                      v.sharding()->spec().to_string(), v.sharding()->mesh().to_string(), mesh.to_string(),
+                                      fmt::join(missing, ", ")));
+        return std::nullopt;
       }
       try {
-        s = NamedSharding(mesh, spec);
-        s->device_box(mesh.device_ids().front(), v.shape());
+        NamedSharding s(mesh, saved);
+        s.device_box(mesh.device_ids().front(), v.shape());
+        return s;
       } catch (const ValueError& e) {
-        throw ValueError(fmt::format("'{}': its saved spec {} does not fit {}: give rules ({})", path,
-                                     spec.to_string(), mesh.to_string(), e.what()));
+        throw ValueError(fmt::format("'{}': its saved spec {} does not fit {}: give rules ({})", p.path, saved.to_string(),
+                                     mesh.to_string(), e.what()));
       }
-    } else {
-      s = NamedSharding(mesh, PartitionSpec{});
     }
-    target.insert(path, Variable::abstract(v.kind(), v.shape(), v.dtype(), s, v.partitioning()));
+    case Placement::kAsSaved:
+    case Placement::kAsSavedOrOneDevice: {
+      if (!p.sharding) {
+        if (spec.placement == Placement::kAsSavedOrOneDevice) return NamedSharding(Mesh({{"device", 1}}), PartitionSpec{});
+        throw ValueError("'" + p.path + "' has no saved NamedSharding in _sharding; restore it with a target sharding "
+                         "or Placement::kReplicated");
+      }
+      if (devices && p.sharding->mesh.device_count() > *devices) {
+        throw ValueError("'" + p.path + "' was saved on " + p.sharding->mesh.to_string() + " (" +
+                         std::to_string(p.sharding->mesh.device_count()) + " devices), more than the runtime's " +
+                         std::to_string(*devices) + "; give a target sharding");
+      }
+      NamedSharding s(p.sharding->mesh, p.sharding->spec);
+      s.device_box(s.mesh().device_ids().front(), v.shape());  // checks the spec fits the shape
+      return s;
+    }
+    case Placement::kReplicated: {
+      if (!spec.mesh && !devices) throw ValueError("replicating '" + p.path + "' needs a mesh or the runtime's devices");
+      return NamedSharding(spec.mesh ? *spec.mesh : Mesh({{"replica", *devices}}), PartitionSpec{});
+    }
+  }
+  throw ValueError("unknown placement");
+}
+
+}  // namespace
+
+State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optional<int64_t> devices) {
+  const std::optional<LogicalRules> rules = spec.rules ? spec.rules : item.metadata().rules;
+  const State saved = item.abstract_state();
+  const std::vector<const ParamMetadata*> leaves = chosen_leaves(item, saved, spec);
+  for (const auto& [path, sharding] : spec.shardings) {
+    if (!saved.contains(path))
+      throw ValueError(fmt::format("the target shardings name '{}', which '{}' does not hold", path, item.dir().string()));
+  }
+  for (const auto& [path, dtype] : spec.dtypes) {
+    if (!saved.contains(path))
+      throw ValueError(fmt::format("the target dtypes name '{}', which '{}' does not hold", path, item.dir().string()));
+  }
+  check_given(spec.specs, saved, "target specs", item.dir());
+  check_given(spec.logical_axes, saved, "target logical axes", item.dir());
+  if ((!spec.specs.empty() || !spec.logical_axes.empty()) && !spec.mesh)
+    throw ValueError("target specs and logical axes place arrays on a mesh: give one");
+  if (!spec.logical_axes.empty() && !rules) throw ValueError("target logical axes need rules to resolve them (--rules)");
+  State target;
+  std::vector<std::string> foreign;  // leaves whose saved spec names axes the mesh lacks
+  for (const ParamMetadata* p : leaves) {
+    const Variable& v = saved.at(p->path);
+    std::optional<NamedSharding> s;
+    if (auto it = spec.shardings.find(p->path); it != spec.shardings.end()) {
+      s = it->second;
+      s->device_box(s->mesh().device_ids().front(), v.shape());  // checks the sharding fits the shape
+    } else if (auto sp = spec.specs.find(p->path); sp != spec.specs.end()) {
+      s = NamedSharding(*spec.mesh, sp->second);
+      s->device_box(spec.mesh->device_ids().front(), v.shape());
+    } else if (auto la = spec.logical_axes.find(p->path); la != spec.logical_axes.end()) {
+      s = resolve_sharding(Partitioning::by_logical(la->second), v.shape(), *spec.mesh, *rules, spec.resolve, p->path);
+    } else {
+      s = place(*p, v, spec, rules, devices, foreign);
+      if (!s) continue;
+    }
+    const auto dtype = spec.dtypes.find(p->path);
+    target.insert(p->path, Variable::abstract(v.kind(), v.shape(), dtype == spec.dtypes.end() ? v.dtype() : dtype->second,
+                                              s, v.partitioning()));
   }
   if (!foreign.empty()) {
-    const size_t show = std::min<size_t>(foreign.size(), 5);
     throw ValueError(fmt::format(
-        "{} of the arrays in '{}' were saved sharded over mesh axes that the target mesh lacks:\n  {}{}\n"
+        "{} of the arrays in '{}' were saved sharded over mesh axes that the target mesh lacks:\n  {}\n"
         "say where they go: (a) their logical axes with rules (--logical-axes FILE / logical_axes=: MaxText's "
         "logical_shardings.json), (b) their specs on the target mesh (--shardings FILE / shardings=: {{path: spec}} or "
         "MaxText's named_shardings.json), or (c) a map from saved axes to target axes (--axis-map old=new,... / "
         "axis_map=; old= drops one)",
-        foreign.size(), item_dir.string(),
-        fmt::join(std::vector<std::string>(foreign.begin(), foreign.begin() + static_cast<long>(show)), "\n  "),
-        foreign.size() > show ? fmt::format("\n  ... and {} more", foreign.size() - show) : std::string()));
+        foreign.size(), item.dir().string(), join_foreign(foreign)));
   }
   return target;
 }

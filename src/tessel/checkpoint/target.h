@@ -1,44 +1,71 @@
-// The target of a restore onto a mesh that need not be the one an item was saved on, built from
-// what the item recorded (its leaves' logical axes, explicit mesh axes or saved specs) or, for a
-// checkpoint saved on a mesh whose axes the target lacks (another project's), from what the user
-// gives: logical axes per path (MaxText's logical_shardings.json) with rules, specs per path
-// (MaxText's named_shardings.json, or {path: spec}), or a map from saved axes to target axes.
+// Where each leaf of a restore goes: one specification, one precedence order, used by the C++ API,
+// the CLI and the Python package alike. A target is built from what the item recorded (its
+// leaves' logical axes, explicit mesh axes or saved specs) and from what the user gives: shardings
+// or specs per path, logical axes per path (MaxText's logical_shardings.json) with rules, or a map
+// from saved mesh axes to target axes, for a checkpoint saved on another mesh (another project's).
+// Subtrees are selected by path or glob, and moved by prefix renames.
 //
-//   auto mesh = tessel::Mesh::parse("data=2,tensor=4");
-//   tessel::State target = tessel::restore_target("ckpt/7/default", mesh);   // abstract, placed
-//   tessel::State state = tessel::restore(rt, "ckpt/7/default", target);
+//   auto item = tessel::CheckpointItem::open("ckpt/7/default");
+//   tessel::TargetSpec spec{.mesh = tessel::Mesh::parse("data=2,tensor=4")};
+//   tessel::State target = tessel::make_target(item, spec);        // abstract, every leaf placed
+//   tessel::State state = tessel::restore(rt, item, spec);         // the same, restored
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "tessel/checkpoint/item.h"
+#include "tessel/core/dtype.h"
 #include "tessel/sharding/logical_rules.h"
 #include "tessel/sharding/mesh.h"
+#include "tessel/sharding/named_sharding.h"
 #include "tessel/state/state.h"
 
 namespace tessel {
 
-struct TargetOptions {
-  std::optional<LogicalRules> rules;  // for leaves saved with logical axes; default: the item's own
-  std::vector<std::string> paths;     // only these leaves (an absent one is an error); all when empty
-  ResolveOptions resolve;
-  // Given per tessel path (entries for other paths are ignored, but not all of them):
-  std::map<std::string, PartitionSpec> specs;       // on `mesh`, first in precedence
-  std::map<std::string, LogicalAxes> logical_axes;  // resolved through `rules` (needed then)
-  std::map<std::string, std::string> axis_map;      // saved mesh axis -> axis of `mesh`; "" drops it;
-                                                    // "*": every other axis `mesh` lacks
+// Where a leaf goes that no given sharding, spec or logical axes places.
+enum class Placement {
+  kMesh,                // on TargetSpec::mesh: its saved logical axes or explicit mesh axes through
+                        // the rules, else its saved spec (axes renamed by axis_map), else replicated
+  kAsSaved,             // its saved sharding (its mesh must fit the runtime); none saved: an error
+  kAsSavedOrOneDevice,  // the same, but one saved without one (Orbax's NumPy arrays and scalars) goes
+                        // to one device
+  kReplicated,          // a full copy on every device of TargetSpec::mesh (default: the runtime's)
 };
 
-// One abstract variable per leaf with its sharding on `mesh`, the first that applies: its entry in
-// `specs`, its entry in `logical_axes`, its saved logical axes through the rules, its explicit
-// mesh axes, its saved spec (axes renamed by `axis_map`) applied to `mesh`; else replicated.
-// Throws ValueError naming a wanted path the item does not hold, given specs or logical axes that
-// name none of its leaves, or (listing the first of them, with the three ways out) the leaves
-// whose saved specs name axes `mesh` lacks.
-State restore_target(const std::filesystem::path& item_dir, const Mesh& mesh, const TargetOptions& options = {});
+// Given per saved path (entries for other paths are ignored, but not all of them), first to last:
+// `shardings`, `specs` on `mesh`, `logical_axes` through the rules onto `mesh`; then `placement`.
+struct TargetSpec {
+  std::optional<Mesh> mesh;
+  std::optional<LogicalRules> rules;  // for logical axes; default: the item's own
+  ResolveOptions resolve;
+  std::map<std::string, NamedSharding> shardings;   // on any mesh
+  std::map<std::string, PartitionSpec> specs;       // on `mesh`
+  std::map<std::string, LogicalAxes> logical_axes;  // resolved onto `mesh` through the rules
+  std::map<std::string, std::string> axis_map;      // saved mesh axis -> axis of `mesh`; "" drops it;
+                                                    // "*": every other axis `mesh` lacks
+  std::map<std::string, DType> dtypes;              // restored as this dtype (cast) instead of the saved one
+  Placement placement = Placement::kMesh;
+  // Which leaves: those named in `paths` (an absent one is an error) and those matching a glob of
+  // `select` (see select_paths); every saved array when both are empty.
+  std::vector<std::string> paths;
+  std::vector<std::string> select;
+  // The restored tree's paths: prefix renames (see rename_prefixes), applied after the placement
+  // (the maps above are keyed by saved paths).
+  std::vector<std::pair<std::string, std::string>> rename;
+};
+
+// One abstract variable per chosen leaf, keyed by its saved path, with its sharding and dtype.
+// `devices`, the runtime's device count when known, is kReplicated's default mesh and checks that
+// saved meshes fit. Throws ValueError naming a wanted path the item does not hold, given shardings,
+// specs or logical axes that name none of its leaves, a selection matching nothing, or (listing
+// the first of them, with the three ways out) the leaves whose saved specs name axes `mesh` lacks.
+State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optional<int64_t> devices = std::nullopt);
 
 // A path as MaxText's sharding dumps write it (".params/['params']/['decoder']/...",
 // ".opt_state/[0]/.mu/...") as a tessel path ("params/params/decoder/...", "opt_state/0/mu/...");

@@ -1,11 +1,11 @@
-// OCDBT, TensorStore's key-value database inside a directory, where Orbax keeps a checkpoint's
+// Internal (not installed): OCDBT, TensorStore's key-value database inside a directory, where Orbax keeps a checkpoint's
 // arrays by default: `manifest.ocdbt` names the newest versions of a B+tree whose nodes and large
 // values live in data files (`d/<hex>`, and `ocdbt.process_N/d/<hex>` in a merged root). Small
 // values sit inline in the leaves. Every manifest and node is checked (magic, length, CRC-32C,
 // exact decoding, increasing keys, heights) before it is trusted, and every data-file path read
 // from it is resolved inside the database directory.
 //
-//   auto db = tessel::OcdbtDatabase::open("ckpt/7/state");        // the latest version
+//   auto db = tessel::detail::OcdbtDatabase::open("ckpt/7/state");        // the latest version
 //   for (const auto& e : db.entries()) std::cout << e.key << " " << e.length << "\n";
 //   if (const auto* e = db.find("params.w/.zarray")) std::string text = db.read_all(*e);
 #pragma once
@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-namespace tessel {
+namespace tessel::detail {
 
 struct OcdbtConfig {
   std::array<uint8_t, 16> uuid{};
@@ -93,7 +93,7 @@ class OcdbtDatabase {
 // exists, so a crash leaves no database, not a damaged one. put() may be called from several
 // threads at once (large values are written outside the writer's lock); commit() after all.
 //
-//   tessel::OcdbtWriter w("ckpt/tmp/state/ocdbt.process_0");
+//   tessel::detail::OcdbtWriter w("ckpt/tmp/state/ocdbt.process_0");
 //   w.put("params.w/.zarray", zarray_json);
 //   w.put("params.w/0.0", chunk_bytes);
 //   w.commit();
@@ -166,4 +166,4 @@ struct OcdbtNode {
 OcdbtNode decode_ocdbt_node(std::span<const std::byte> blob, std::string_view base, uint64_t max_decoded_bytes,
                             std::string_view what);
 
-}  // namespace tessel
+}  // namespace tessel::detail

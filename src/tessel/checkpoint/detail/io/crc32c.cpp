@@ -1,4 +1,4 @@
-#include "tessel/checkpoint/detail/crc32c.h"
+#include "tessel/checkpoint/detail/io/crc32c.h"
 
 #include <array>
 #include <cstring>

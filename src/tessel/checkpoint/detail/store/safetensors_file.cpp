@@ -1,4 +1,4 @@
-#include "tessel/checkpoint/safetensors.h"
+#include "tessel/checkpoint/detail/store/safetensors_file.h"
 
 #include <algorithm>
 #include <array>
@@ -9,11 +9,11 @@
 
 #include <fmt/format.h>
 
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 
-namespace tessel {
+namespace tessel::detail {
 namespace fs = std::filesystem;
 using json_util::Json;
 
@@ -252,4 +252,4 @@ SafetensorsSet open_safetensors(const fs::path& path) {
   return set;
 }
 
-}  // namespace tessel
+}  // namespace tessel::detail

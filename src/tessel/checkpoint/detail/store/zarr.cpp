@@ -1,15 +1,15 @@
-#include "tessel/checkpoint/zarr.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "tessel/checkpoint/detail/crc32c.h"
+#include "tessel/checkpoint/detail/io/crc32c.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 
-namespace tessel {
+namespace tessel::detail {
 using json_util::Json;
 
 namespace {
@@ -482,4 +482,4 @@ ZarrArray ZarrArray::one_chunk(const Shape& shape, DType dtype) {
   return ZarrArray(shape, Shape(std::move(chunks)), dtype, Compression::none());
 }
 
-}  // namespace tessel
+}  // namespace tessel::detail

@@ -1,10 +1,10 @@
-#include "tessel/checkpoint/detail/kvstore.h"
+#include "tessel/checkpoint/detail/store/kvstore.h"
 
 #include <cstring>
 #include <vector>
 
-#include "tessel/checkpoint/safetensors.h"
-#include "tessel/checkpoint/zarr.h"
+#include "tessel/checkpoint/detail/store/safetensors_file.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/core/error.h"
 
 namespace tessel::detail {
@@ -58,27 +58,33 @@ StoredValue StoredValue::slice(int64_t offset, int64_t size, std::string where) 
   return v;
 }
 
-KvStore KvStore::open(const fs::path& item_dir) {
+KvStore KvStore::files(const fs::path& dir) {
   KvStore s;
-  s.dir_ = item_dir;
-  if (is_safetensors(item_dir)) {
-    const SafetensorsSet set = open_safetensors(item_dir);
-    std::vector<std::shared_ptr<const File>> files;
-    for (const fs::path& f : set.files) files.push_back(std::make_shared<const File>(File::open_read(f)));
-    auto tensors = std::make_shared<std::map<std::string, StoredValue, std::less<>>>();
-    for (const SafetensorsTensor& t : set.tensors) {
-      // Each tensor is the single chunk of an array; its key is that chunk's.
-      const ZarrArray z = ZarrArray::one_chunk(t.shape, t.dtype);
-      const std::string key = t.name + "/" + z.chunk_key(std::vector<int64_t>(t.shape.rank(), 0));
-      const std::string where = "tensor '" + t.name + "' of " + set.files[t.file].string();
-      tensors->emplace(key, StoredValue(files[t.file], set.data_starts[t.file] + t.begin, t.end - t.begin, where));
-    }
-    s.tensors_ = std::move(tensors);
-    return s;
+  s.dir_ = dir;
+  return s;
+}
+
+KvStore KvStore::ocdbt(const fs::path& dir) {
+  KvStore s;
+  s.dir_ = dir;
+  s.db_ = std::make_shared<const OcdbtDatabase>(OcdbtDatabase::open(dir));
+  return s;
+}
+
+KvStore KvStore::safetensors(const SafetensorsSet& set) {
+  KvStore s;
+  s.dir_ = set.source;
+  std::vector<std::shared_ptr<const File>> files;
+  for (const fs::path& f : set.files) files.push_back(std::make_shared<const File>(File::open_read(f)));
+  auto tensors = std::make_shared<std::map<std::string, StoredValue, std::less<>>>();
+  for (const SafetensorsTensor& t : set.tensors) {
+    // Each tensor is the single chunk of an array; its key is that chunk's.
+    const ZarrArray z = ZarrArray::one_chunk(t.shape, t.dtype);
+    const std::string key = t.name + "/" + z.chunk_key(std::vector<int64_t>(t.shape.rank(), 0));
+    const std::string where = "tensor '" + t.name + "' of " + set.files[t.file].string();
+    tensors->emplace(key, StoredValue(files[t.file], set.data_starts[t.file] + t.begin, t.end - t.begin, where));
   }
-  if (fs::exists(fs::symlink_status(item_dir / "manifest.ocdbt"))) {
-    s.db_ = std::make_shared<const OcdbtDatabase>(OcdbtDatabase::open(item_dir));
-  }
+  s.tensors_ = std::move(tensors);
   return s;
 }
 

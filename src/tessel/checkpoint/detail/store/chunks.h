@@ -3,35 +3,29 @@
 #pragma once
 
 #include <cstdint>
-#include <filesystem>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
 
-#include "tessel/checkpoint/detail/kvstore.h"
-#include "tessel/checkpoint/metadata.h"
-#include "tessel/checkpoint/zarr.h"
+#include "tessel/checkpoint/detail/store/kvstore.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 
 namespace tessel::detail {
 
 struct ChunkSource {
-  std::string path;
-  const ParamMetadata* meta;
-  const KvStore* store;
-  std::string prefix;  // the parameter's keys start with it: "<name>/"
+  std::string path;    // the leaf's path, for messages
+  const KvStore* store = nullptr;
+  std::string prefix;  // the array's keys start with it: "<name>/"
   ZarrArray zarr;
+  const std::map<std::string, uint32_t>* crc32c = nullptr;  // the saved CRC-32C by chunk key (tessel's)
+
+  bool has_crc(const std::string& key) const { return crc32c && crc32c->contains(key); }
 };
 
 // The most stored bytes a compressed chunk of `chunk_bytes` may have: anything larger is not one
 // of this array's chunks, and is refused before it is read.
 inline int64_t max_stored_bytes(int64_t chunk_bytes) { return chunk_bytes + chunk_bytes / 8 + (int64_t{1} << 20); }
-
-inline std::string key_prefix(const ParamMetadata& p) { return p.name.empty() ? std::string() : p.name + "/"; }
-
-// The parameter's zarr metadata: `.zarray` or `zarr.json` (the one _METADATA announces first); a
-// safetensors tensor's is implied by its header.
-ZarrArray open_zarr(const KvStore& store, const std::filesystem::path& item_dir, const ItemMetadata& item,
-                    const ParamMetadata& p);
 
 // "'<path>' chunk <key> (<where it is stored>)", for messages.
 std::string chunk_what(const ChunkSource& p, const std::string& key);

@@ -16,8 +16,9 @@
 #include <string>
 #include <string_view>
 
-#include "tessel/checkpoint/detail/file_io.h"
-#include "tessel/checkpoint/ocdbt.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/store/ocdbt.h"
+#include "tessel/checkpoint/detail/store/safetensors_file.h"
 
 namespace tessel::detail {
 
@@ -57,12 +58,16 @@ class StoredValue {
 
 class KvStore {
  public:
-  // `item_dir` as safetensors when is_safetensors() says so, as OCDBT when it has a
-  // manifest.ocdbt, else as plain files.
-  static KvStore open(const std::filesystem::path& item_dir);
+  // The files below `dir`.
+  static KvStore files(const std::filesystem::path& dir);
+  // The OCDBT database in `dir` (its latest version).
+  static KvStore ocdbt(const std::filesystem::path& dir);
+  // The tensors of an opened safetensors file or set, each under its one chunk's key
+  // (`<name>/0.0`), its files opened once.
+  static KvStore safetensors(const SafetensorsSet& set);
 
   bool is_ocdbt() const { return db_ != nullptr; }
-  const OcdbtDatabase* ocdbt() const { return db_.get(); }
+  const OcdbtDatabase* database() const { return db_.get(); }
   // nullopt when the key is absent. Keys are '/'-separated; each component is checked.
   std::optional<StoredValue> get(std::string_view key) const;
   // A small value whole (metadata), refused above `max_bytes`; nullopt when absent.

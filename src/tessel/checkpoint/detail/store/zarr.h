@@ -1,11 +1,11 @@
-// zarr array metadata and its chunk grid: what one saved parameter looks like on disk, as zarr v2
+// Internal (not installed): zarr array metadata and its chunk grid: what one saved parameter looks like on disk, as zarr v2
 // (`.zarray`) or zarr v3 (`zarr.json`, also with the `sharding_indexed` codec Orbax uses). Chunks
 // tile the array from the origin; every chunk holds a full chunk (edge chunks included), C order,
 // little endian, possibly compressed. With sharding, chunks() are the inner chunks (the unit that
 // is read and decoded) and each stored value, a shard, holds shard_shape() / chunks() of them
 // followed (or preceded) by an index of (offset, length) pairs and its CRC-32C.
 //
-//   auto z = tessel::ZarrArray::parse(text, "params.w/.zarray");
+//   auto z = tessel::detail::ZarrArray::parse(text, "params.w/.zarray");
 //   z.grid() == std::vector<int64_t>{4, 1};             // chunks per dimension
 //   z.chunk_box({2, 0}) == tessel::Box({8, 0}, {12, 16});
 //   z.chunk_key({2, 0}) == "2.0"
@@ -23,7 +23,7 @@
 #include "tessel/core/dtype.h"
 #include "tessel/core/shape.h"
 
-namespace tessel {
+namespace tessel::detail {
 
 class ZarrArray {
  public:
@@ -109,4 +109,4 @@ class ZarrArray {
 Shape choose_chunk_shape(const Shape& write_shape, size_t item_size, int64_t max_bytes,
                          std::span<const size_t> prefer);
 
-}  // namespace tessel
+}  // namespace tessel::detail

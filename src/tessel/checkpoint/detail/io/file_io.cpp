@@ -1,4 +1,4 @@
-#include "tessel/checkpoint/detail/file_io.h"
+#include "tessel/checkpoint/detail/io/file_io.h"
 
 #include <fcntl.h>
 #include <limits.h>
