@@ -26,6 +26,8 @@
 #include "tessel/checkpoint/item.h"
 #include "tessel/checkpoint/metadata.h"
 #include "tessel/checkpoint/target.h"
+#include "tessel/checkpoint/writer.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/sharding/logical_rules.h"
 #include "tessel/state/state.h"
@@ -49,12 +51,19 @@ struct SaveOptions {
   // Nodes without leaves ('/'-joined paths), recorded as Orbax records empty nodes (optax's
   // EmptyState in an optimizer chain), so Orbax restores the tree's full structure.
   std::set<std::string> empty_nodes;
+  // Write `_CHECKPOINT_METADATA` into the item, as a standalone checkpoint has it (Orbax's
+  // StandardCheckpointer); the items of a CheckpointManager's step leave it to the step.
+  bool checkpoint_metadata = true;
 };
 
 struct HostLeaf;
+namespace detail {
+struct StagedLeaves;
+}  // namespace detail
 
-// Host copies of what a save writes (each array's replica-0 blocks held by this process), taken
-// so the arrays may change or go away while the files are written in the background.
+// What a save writes (each array's replica-0 blocks held by this process): host copies, taken so
+// the arrays may change or go away while the files are written in the background, or the arrays
+// or host bytes themselves.
 class StagedState {
  public:
   StagedState();
@@ -62,17 +71,26 @@ class StagedState {
   StagedState(StagedState&&) noexcept;
   StagedState& operator=(StagedState&&) noexcept;
   int64_t bytes() const;  // host bytes held
-  struct Impl;
-  const Impl& impl() const { return *impl_; }
+  // The abstract state of what is staged: each leaf's path, kind, shape, dtype and sharding.
+  State abstract() const;
+  // The processes that write it together: its arrays' runtime's (one process for host leaves).
+  ProcessGroup& processes() const;
+  // Writes every leaf's blocks through `writer` (laid out as abstract()).
+  void write_to(StateWriter& writer) const;
+
+  const detail::StagedLeaves& leaves() const { return *leaves_; }
 
  private:
   friend StagedState stage(const State& state);
+  friend StagedState stage_in_place(const State& state);
   friend StagedState stage_host(std::vector<HostLeaf> leaves);
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<detail::StagedLeaves> leaves_;
 };
 
 // Copies the blocks to host memory. Throws ValueError for an abstract variable (naming it).
 StagedState stage(const State& state);
+// The arrays as they are, without copies: valid while they live (a synchronous save).
+StagedState stage_in_place(const State& state);
 
 // A leaf held in host memory by a caller whose arrays are not tessel Arrays (NumPy, JAX): the
 // sharding it is saved with and each of that sharding's distinct blocks once (replica 0, any
@@ -92,30 +110,34 @@ struct HostLeaf {
 // block's byte count is not its box's.
 StagedState stage_host(std::vector<HostLeaf> leaves);
 
-// Saves concrete `state` into the new directory `dir` (its parent must exist), atomically.
-// Throws IoError if `dir` exists, ValueError for abstract variables or two paths that would share
-// a stored name ("a.b/c" and "a/b.c").
-void save(const std::filesystem::path& dir, const State& state, const SaveOptions& options = {});
-void save(const std::filesystem::path& dir, const StagedState& staged, const SaveOptions& options = {});
-
-// The same one array at a time, in one process, so a conversion holds one array (or a few) at
-// once: the layout comes from `abstract` (every leaf placed: a sharding), the chunks are written
-// as each array arrives, in any order, and commit() checks that every leaf was written, writes
-// the metadata and renames, atomically as save(). A writer destroyed uncommitted leaves nothing.
-class CheckpointWriter {
+// An Orbax PyTree item written through the writer interface (writer.h): the layout comes from
+// `abstract` (every leaf placed: a sharding), each process writes the chunks of its blocks as each
+// array arrives, in any order (into its own OCDBT database, `ocdbt.process_N`, or chunk files),
+// and commit() has process 0 merge the databases, write the metadata with every process's
+// CRC-32Cs and rename `<dir>.orbax-checkpoint-tmp` to `dir`, after writing `commit_success.txt`.
+// Throws IoError if `dir` exists, ValueError for two paths that would share a stored name
+// ("a.b/c" and "a/b.c"), before anything is written.
+class CheckpointWriter final : public StateWriter {
  public:
-  CheckpointWriter(std::filesystem::path dir, const State& abstract, SaveOptions options = {});
-  ~CheckpointWriter();
-  CheckpointWriter(const CheckpointWriter&) = delete;
-  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
-  // Throws ValueError for a path not laid out, another shape, dtype or sharding, or a second write.
-  void write(const std::string& path, const Array& array);
-  void commit();
+  CheckpointWriter(std::filesystem::path dir, const State& abstract, SaveOptions options = {},
+                   ProcessGroup* group = nullptr);
+  ~CheckpointWriter() override;
+
+ protected:
+  void begin_process() override;
+  void write_blocks(size_t leaf, std::span<const HostBlock> blocks) override;
+  std::string finish_process() override;
+  void finish(const std::vector<std::string>& parts) override;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Saves concrete `state` into the new directory `dir` (its parent must exist), atomically, with a
+// CheckpointWriter over the state's processes.
+void save(const std::filesystem::path& dir, const State& state, const SaveOptions& options = {});
+void save(const std::filesystem::path& dir, const StagedState& staged, const SaveOptions& options = {});
 
 struct RestoreOptions {
   bool partial = false;  // restore exactly the target's leaves; the checkpoint may hold more

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
-#include "tessel/checkpoint/detail/item_io.h"
+#include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/core/error.h"
 #include "tessel/core/path.h"

@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
-#include "tessel/checkpoint/detail/item_io.h"
+#include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
 #include "tessel/core/error.h"
 #include "tessel/core/path.h"
@@ -129,8 +129,8 @@ void CheckpointManager::check_request(int64_t step, const std::map<std::string, 
 void CheckpointManager::write_step(int64_t step, const StagedState& staged,
                                    const std::map<std::string, std::string>& json_items) {
   ProcessGroup& g = *group_;
-  if (detail::processes_of(staged).count() != g.count()) {
-    throw ValueError("the state spans " + std::to_string(detail::processes_of(staged).count()) +
+  if (staged.processes().count() != g.count()) {
+    throw ValueError("the state spans " + std::to_string(staged.processes().count()) +
                      " processes, but the CheckpointManager for '" + root_.string() + "' " +
                      std::to_string(g.count()) + ": construct it with the state's runtime");
   }
@@ -139,20 +139,19 @@ void CheckpointManager::write_step(int64_t step, const StagedState& staged,
   const fs::path final_dir = step_dir(step);
   const fs::path tmp = fs::path(final_dir) += detail::kTmpSuffix;
   const std::string& item = options_.item_name;
-  const fs::path state_tmp = (tmp / item) += detail::kTmpSuffix;
   const std::string where = "saving step " + std::to_string(step) + " to '" + root_.string() + "'";
   run_together(g, where, [&] {
-    if (!g.is_leader()) return;
-    detail::begin_tmp_dir(final_dir);
-    detail::begin_tmp_dir(tmp / item);
+    if (g.is_leader()) detail::begin_tmp_dir(final_dir);
   });
-  const std::vector<std::string> crcs =
-      gather_together(g, where, [&] { return detail::write_item_blocks(state_tmp, staged, options_.save, g.index()); });
-  // Process 0 commits once every process's blocks are durable; a crash before leaves no step.
+  // The state's item: every process writes its blocks, process 0 commits it inside the step's
+  // temporary directory once all are durable; a crash before the step's rename leaves no step.
+  SaveOptions options = options_.save;
+  options.checkpoint_metadata = false;  // the step has it
+  CheckpointWriter writer(tmp / item, staged.abstract(), options, &g);
+  staged.write_to(writer);
+  writer.commit();
   run_together(g, where, [&] {
     if (!g.is_leader()) return;
-    detail::finish_item(state_tmp, staged, options_.save, crcs);
-    detail::commit_tmp_dir(state_tmp, tmp / item, durable);
     std::map<std::string, std::string> handlers{{item, detail::kPyTreeHandler}};
     for (const auto& [name, text] : json_items) {
       const fs::path item_tmp = detail::begin_tmp_dir(tmp / name);
@@ -189,7 +188,7 @@ void CheckpointManager::save(int64_t step, const State& state, const std::map<st
   wait();
   check_request(step, json_items);
   // Synchronous: the arrays stay alive for the call, so nothing is copied.
-  write_step(step, detail::stage_in_place(state), json_items);
+  write_step(step, stage_in_place(state), json_items);
 }
 
 void CheckpointManager::save_async(int64_t step, const State& state,

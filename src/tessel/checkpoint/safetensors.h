@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/writer.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/shape.h"
 
@@ -37,32 +38,34 @@ struct SafetensorsSaveOptions {
   bool durable = true;                          // fsync files and directories before the rename
 };
 
-// Writes every array of `staged` as a tensor named by its path with '.' between levels, into the
-// new directory `dir` (a Hugging Face model directory). Each process writes its own blocks into
-// the shared files; the leader commits by renaming `<dir>.tmp`, so a crash leaves no partial
-// directory. Throws IoError if `dir` exists, ValueError for a path level holding a '.' (it would
-// read back as another tree).
-void save_safetensors(const std::filesystem::path& dir, const StagedState& staged,
-                      const SafetensorsSaveOptions& options = {});
-void save_safetensors(const std::filesystem::path& dir, const State& state, const SafetensorsSaveOptions& options = {});
-
-// The same one tensor at a time, in one process, so a conversion holds one tensor (or a few) at
-// once: the layout comes from `abstract` (paths, shapes, dtypes) and the files are created at
-// once in `<dir>.tmp`; write() puts each array's blocks in place, in any order; commit() checks
-// that every tensor was written and renames. A writer destroyed uncommitted removes `<dir>.tmp`.
-class SafetensorsWriter {
+// Safetensors through the writer interface (writer.h): every array a tensor named by its path with
+// '.' between levels, in the new directory `dir` (a Hugging Face model directory). The leader lays
+// out every file at once in `<dir>.tmp` (headers and sizes; tensors ordered by item size, largest
+// first, then by name, as the format's own writer does); each process writes its blocks at their
+// offsets, in any order; commit() writes the index of a sharded set and renames. Throws IoError if
+// `dir` exists, ValueError for a path level holding a '.' (it would read back as another tree).
+class SafetensorsWriter final : public StateWriter {
  public:
-  SafetensorsWriter(std::filesystem::path dir, const State& abstract, SafetensorsSaveOptions options = {});
-  ~SafetensorsWriter();
-  SafetensorsWriter(const SafetensorsWriter&) = delete;
-  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
-  // Throws ValueError for a path not laid out, a shape or dtype other than laid out, or a second write.
-  void write(const std::string& path, const Array& array);
-  void commit();
+  SafetensorsWriter(std::filesystem::path dir, const State& abstract, SafetensorsSaveOptions options = {},
+                    ProcessGroup* group = nullptr);
+  ~SafetensorsWriter() override;
+
+ protected:
+  std::string_view leaf_noun() const override { return "tensors"; }
+  void begin_leader() override;
+  void begin_process() override;
+  void write_blocks(size_t leaf, std::span<const HostBlock> blocks) override;
+  std::string finish_process() override;
+  void finish(const std::vector<std::string>& parts) override;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Every leaf of `staged` (or `state`) through a SafetensorsWriter over its processes.
+void save_safetensors(const std::filesystem::path& dir, const StagedState& staged,
+                      const SafetensorsSaveOptions& options = {});
+void save_safetensors(const std::filesystem::path& dir, const State& state, const SafetensorsSaveOptions& options = {});
 
 }  // namespace tessel

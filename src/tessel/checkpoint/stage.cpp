@@ -6,19 +6,31 @@
 #include <set>
 
 #include "tessel/checkpoint/checkpointer.h"
-#include "tessel/checkpoint/detail/item_io.h"
-#include "tessel/checkpoint/detail/staged_state.h"
+#include "tessel/checkpoint/detail/staged.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
 
-StagedState::StagedState() : impl_(std::make_unique<Impl>()) {}
-StagedState::~StagedState() = default;
-StagedState::StagedState(StagedState&&) noexcept = default;
-StagedState& StagedState::operator=(StagedState&&) noexcept = default;
-int64_t StagedState::bytes() const { return impl_->bytes; }
+namespace detail {
 
-StagedState::Impl::HostCopy StagedState::Impl::copy_of(std::span<const std::byte> bytes) {
+std::vector<BlockBytes> blocks_to_write(const Array& a) {
+  std::vector<BlockBytes> out;
+  for (const ShardPlacement& placement : a.sharding().distinct_shards(a.shape())) {
+    // The first holder this process owns writes the block; in one process that is replica 0.
+    const Shard* holder = nullptr;
+    for (int64_t d : placement.devices) {
+      if (a.runtime().is_addressable(d)) {
+        holder = &a.shard(d);
+        break;
+      }
+    }
+    if (holder == nullptr || holder->replica_id != 0) continue;
+    out.push_back({placement.box, holder->buffer.bytes()});
+  }
+  return out;
+}
+
+StagedLeaves::HostCopy StagedLeaves::copy_of(std::span<const std::byte> bytes) {
   if (bytes.empty()) return nullptr;
   // Only blocks a direct write takes (1 MiB and more) need a whole page; smaller ones a cache line.
   const size_t align = bytes.size() >= (size_t{1} << 20) ? 4096 : 64;
@@ -28,52 +40,77 @@ StagedState::Impl::HostCopy StagedState::Impl::copy_of(std::span<const std::byte
   return HostCopy(p);
 }
 
+}  // namespace detail
+
 namespace {
 
-StagedState::Impl stage_impl(const State& state, bool copy) {
-  StagedState::Impl s;
+detail::StagedLeaves stage_arrays(const State& state, bool copy) {
+  detail::StagedLeaves s;
   for (const auto& [path, var] : state) {
     const Array& a = var.array(path);
     if (!s.runtime) s.runtime = a.runtime();
     if (!(*s.runtime == a.runtime())) {
       throw ValueError("cannot save '" + path + "' with the others: its array lives on another runtime");
     }
-    StagedState::Impl::Param p{path, var.kind(), var.partitioning(), a.shape(), a.dtype(), a.sharding(), {}};
-    for (const ShardPlacement& placement : a.sharding().distinct_shards(a.shape())) {
-      // The first holder this process owns writes the block; in one process that is replica 0.
-      const Shard* holder = nullptr;
-      for (int64_t d : placement.devices) {
-        if (a.runtime().is_addressable(d)) {
-          holder = &a.shard(d);
-          break;
-        }
-      }
-      if (holder == nullptr || holder->replica_id != 0) continue;
-      std::span<const std::byte> bytes = holder->buffer.bytes();
+    detail::StagedLeaves::Leaf leaf{path, var.kind(), var.partitioning(), a.shape(), a.dtype(), a.sharding(), {}};
+    for (detail::BlockBytes& b : detail::blocks_to_write(a)) {
       if (copy) {
-        s.owned.push_back(StagedState::Impl::copy_of(bytes));
-        bytes = {s.owned.back().get(), bytes.size()};
+        s.owned.push_back(detail::StagedLeaves::copy_of(b.bytes));
+        b.bytes = {s.owned.back().get(), b.bytes.size()};
       }
-      s.bytes += static_cast<int64_t>(bytes.size());
-      p.blocks.push_back({placement.box, bytes});
+      s.bytes += static_cast<int64_t>(b.bytes.size());
+      leaf.blocks.push_back(b);
     }
     if (!copy) s.held.push_back(a);
-    s.params.push_back(std::move(p));
+    s.leaves.push_back(std::move(leaf));
   }
   return s;
 }
 
 }  // namespace
 
+StagedState::StagedState() : leaves_(std::make_unique<detail::StagedLeaves>()) {}
+StagedState::~StagedState() = default;
+StagedState::StagedState(StagedState&&) noexcept = default;
+StagedState& StagedState::operator=(StagedState&&) noexcept = default;
+int64_t StagedState::bytes() const { return leaves_->bytes; }
+
+State StagedState::abstract() const {
+  State out;
+  for (const auto& l : leaves_->leaves)
+    out.insert(l.path, Variable::abstract(l.kind, l.shape, l.dtype, l.sharding, l.partitioning));
+  return out;
+}
+
+ProcessGroup& StagedState::processes() const {
+  static SingleProcessGroup one;
+  return leaves_->runtime ? leaves_->runtime->processes() : one;
+}
+
+void StagedState::write_to(StateWriter& writer) const {
+  std::vector<HostBlock> blocks;
+  for (const auto& l : leaves_->leaves) {
+    blocks.clear();
+    for (const detail::BlockBytes& b : l.blocks) blocks.push_back({b.box, b.bytes});
+    writer.write(l.path, blocks);
+  }
+}
+
 StagedState stage(const State& state) {
   StagedState staged;
-  *staged.impl_ = stage_impl(state, /*copy=*/true);
+  *staged.leaves_ = stage_arrays(state, /*copy=*/true);
+  return staged;
+}
+
+StagedState stage_in_place(const State& state) {
+  StagedState staged;
+  *staged.leaves_ = stage_arrays(state, /*copy=*/false);
   return staged;
 }
 
 StagedState stage_host(std::vector<HostLeaf> leaves) {
   StagedState staged;
-  StagedState::Impl& s = *staged.impl_;
+  detail::StagedLeaves& s = *staged.leaves_;
   std::set<std::string> paths;
   for (HostLeaf& leaf : leaves) {
     const std::string what = "'" + leaf.path + "'";
@@ -87,7 +124,7 @@ StagedState stage_host(std::vector<HostLeaf> leaves) {
       wanted.emplace(std::vector<int64_t>(distinct[i].box.starts().begin(), distinct[i].box.starts().end()), i);
     }
     std::vector<bool> seen(distinct.size(), false);
-    StagedState::Impl::Param p{leaf.path, leaf.kind, leaf.partitioning, leaf.shape, leaf.dtype, leaf.sharding, {}};
+    detail::StagedLeaves::Leaf l{leaf.path, leaf.kind, leaf.partitioning, leaf.shape, leaf.dtype, leaf.sharding, {}};
     for (const auto& [box, bytes] : leaf.blocks) {
       if (box.rank() == leaf.shape.rank() && box.empty() && bytes.empty()) continue;
       auto it = wanted.find(std::vector<int64_t>(box.starts().begin(), box.starts().end()));
@@ -103,21 +140,15 @@ StagedState stage_host(std::vector<HostLeaf> leaves) {
                          " bytes, not the " + std::to_string(expect) + " of " + std::string(name(leaf.dtype)));
       }
       s.bytes += expect;
-      p.blocks.push_back({box, bytes});
+      l.blocks.push_back({box, bytes});
     }
     for (size_t i = 0; i < distinct.size(); ++i) {
       if (!seen[i] && !distinct[i].box.empty()) {
         throw ValueError(what + ": block " + distinct[i].box.to_string() + " is missing");
       }
     }
-    s.params.push_back(std::move(p));
+    s.leaves.push_back(std::move(l));
   }
-  return staged;
-}
-
-StagedState detail::stage_in_place(const State& state) {
-  StagedState staged;
-  const_cast<StagedState::Impl&>(staged.impl()) = stage_impl(state, /*copy=*/false);
   return staged;
 }
 

@@ -1,7 +1,7 @@
-// Writing safetensors: the leader lays out every file (tensors ordered by item size, largest
-// first, then by name, as the format's own writer does, so each tensor is aligned to its item
-// size) and writes the headers; every process then writes its blocks at their offsets, and the
-// leader commits the directory by renaming it.
+// Writing safetensors (SafetensorsWriter): the leader lays out every file (tensors ordered by
+// item size, largest first, then by name, as the format's own writer does, so each tensor is
+// aligned to its item size) and writes the headers; every process then writes its blocks at their
+// offsets, and the leader commits the directory by renaming it.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -11,13 +11,11 @@
 #include <fmt/format.h>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
-#include "tessel/checkpoint/detail/item_io.h"
-#include "tessel/checkpoint/detail/staged_state.h"
+#include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
-#include "tessel/core/path.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/runtime/process_group.h"
 
@@ -117,35 +115,35 @@ void write_header(const fs::path& path, const std::string& header, int64_t data_
 // This process's blocks of one tensor, at their places in C order. Rows of the tensor are
 // gathered into slabs when this process holds every block and the blocks' runs are short (a
 // column-sharded tensor); otherwise each run is written where it goes.
-void write_tensor(const detail::File& file, int64_t at, const Placed& t, const StagedState::Impl::Param& p,
+void write_tensor(const detail::File& file, int64_t at, const Placed& t, std::span<const HostBlock> blocks,
                   std::vector<std::byte>& slab) {
-  const int64_t item = static_cast<int64_t>(item_size(p.dtype));
-  const Box full = Box::full(p.shape);
+  const int64_t item = static_cast<int64_t>(item_size(t.dtype));
+  const Box full = Box::full(t.shape);
   int64_t covered = 0, runs = 0;
-  for (const auto& b : p.blocks) {
+  for (const auto& b : blocks) {
     covered += b.box.volume();
     for_each_run(b.box, b.box, full, [&](int64_t, int64_t, int64_t) { ++runs; });
   }
-  const bool gather = p.shape.rank() > 0 && covered == full.volume() && runs > 0 &&
+  const bool gather = t.shape.rank() > 0 && covered == full.volume() && runs > 0 &&
                       covered * item / runs < (int64_t{64} << 10);
   if (!gather) {
-    for (const auto& b : p.blocks)
+    for (const auto& b : blocks)
       for_each_run(b.box, b.box, full, [&](int64_t s, int64_t d, int64_t n) {
         file.write_at(at + d * item, b.bytes.subspan(static_cast<size_t>(s * item), static_cast<size_t>(n * item)));
       });
     return;
   }
-  const int64_t rows = p.shape[0];
+  const int64_t rows = t.shape[0];
   const int64_t row_bytes = rows == 0 ? 0 : t.bytes / rows;
   const int64_t slab_rows = std::clamp<int64_t>(row_bytes == 0 ? rows : kSlabBytes / row_bytes, 1, std::max<int64_t>(rows, 1));
   for (int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
     const int64_t r1 = std::min(rows, r0 + slab_rows);
-    std::vector<int64_t> start(p.shape.rank(), 0), stop(p.shape.dims().begin(), p.shape.dims().end());
+    std::vector<int64_t> start(t.shape.rank(), 0), stop(t.shape.dims().begin(), t.shape.dims().end());
     start[0] = r0;
     stop[0] = r1;
     const Box slab_box(std::move(start), std::move(stop));
     slab.resize(static_cast<size_t>((r1 - r0) * row_bytes));
-    for (const auto& b : p.blocks)
+    for (const auto& b : blocks)
       for_each_run(b.box.intersect(slab_box), b.box, slab_box, [&](int64_t s, int64_t d, int64_t n) {
         std::memcpy(slab.data() + d * item, b.bytes.data() + s * item, static_cast<size_t>(n * item));
       });
@@ -164,141 +162,75 @@ std::string index_json(const Layout& l) {
   return json_util::dump(Json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}, 2) + "\n";
 }
 
-// `<dir>.tmp`, fresh, with every file's header and its full size (the leader's part).
-void create_files(const fs::path& dir, const fs::path& tmp, const Layout& layout) {
-  std::error_code ec;
-  if (fs::exists(dir, ec)) throw IoError("cannot save to '" + dir.string() + "': it already exists");
-  fs::remove_all(tmp, ec);
-  if (ec) throw IoError("cannot remove the stale '" + tmp.string() + "': " + ec.message());
-  if (!fs::create_directory(tmp, ec) || ec)
-    throw IoError("cannot create '" + tmp.string() + "': " + (ec ? ec.message() : "it exists"));
+// Every file's header, and its full size (the leader's part).
+void create_files(const fs::path& tmp, const Layout& layout) {
   for (size_t f = 0; f < layout.files.size(); ++f) write_header(tmp / layout.files[f], layout.headers[f], layout.data_bytes[f]);
 }
 
-// The index (for several files), then the rename that makes the directory appear.
-void commit_files(const fs::path& dir, const fs::path& tmp, const Layout& layout, bool durable) {
+// The index, for several files.
+void write_index(const fs::path& tmp, const Layout& layout, bool durable) {
   if (layout.files.size() > 1) detail::write_file(tmp / "model.safetensors.index.json", index_json(layout), durable);
-  if (durable) detail::sync_directory(tmp);
-  std::error_code ec;
-  if (fs::exists(dir, ec)) throw IoError("cannot commit '" + dir.string() + "': it already exists");
-  fs::rename(tmp, dir, ec);
-  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + dir.string() + "': " + ec.message());
-  if (durable) detail::sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
-}
-
-std::vector<std::tuple<std::string, Shape, DType>> arrays_of(const StagedState::Impl& s) {
-  std::vector<std::tuple<std::string, Shape, DType>> out;
-  for (const auto& p : s.params) out.emplace_back(p.path, p.shape, p.dtype);
-  return out;
 }
 
 }  // namespace
 
-void save_safetensors(const fs::path& dir_arg, const StagedState& staged, const SafetensorsSaveOptions& options) {
-  const fs::path dir = local_path(dir_arg.string(), "safetensors directory");
-  const StagedState::Impl& s = staged.impl();
-  ProcessGroup& group = detail::processes_of(staged);
-  const std::string where = "saving '" + dir.string() + "' as safetensors";
-  const Layout layout = plan_files(arrays_of(s), options);  // the same on every process: it depends on shapes alone
-  std::map<std::string, const StagedState::Impl::Param*> by_path;
-  for (const auto& p : s.params) by_path[p.path] = &p;
-  const fs::path tmp = fs::path(dir) += kSafetensorsTmpSuffix;
-  run_together(group, where, [&] {
-    if (group.is_leader()) create_files(dir, tmp, layout);
-  });
-  try {
-    run_together(group, where, [&] {
-      std::vector<detail::File> files;
-      for (const std::string& f : layout.files) files.push_back(detail::File::open_write(tmp / f));
-      std::vector<std::byte> slab;
-      for (const Placed& t : layout.tensors) {
-        const int64_t data_start = 8 + static_cast<int64_t>(layout.headers[t.file].size());
-        write_tensor(files[t.file], data_start + t.begin, t, *by_path.at(t.path), slab);
-      }
-      for (detail::File& f : files) {
-        if (options.durable) f.sync();
-        f.close();
-      }
-    });
-    run_together(group, where, [&] {
-      if (group.is_leader()) commit_files(dir, tmp, layout, options.durable);
-    });
-  } catch (...) {
-    std::error_code ec;
-    if (group.is_leader()) fs::remove_all(tmp, ec);
-    throw;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Streaming
-
 struct SafetensorsWriter::Impl {
-  fs::path dir, tmp;
   SafetensorsSaveOptions options;
   Layout layout;
-  std::map<std::string, size_t> index;  // path -> tensor in layout
-  std::vector<bool> written;
+  std::vector<size_t> placed;  // layout leaf -> its tensor in layout.tensors
   std::vector<detail::File> files;
   std::vector<std::byte> slab;
-  bool committed = false;
 };
 
-SafetensorsWriter::SafetensorsWriter(fs::path dir, const State& abstract, SafetensorsSaveOptions options)
-    : impl_(std::make_unique<Impl>()) {
+SafetensorsWriter::SafetensorsWriter(fs::path dir, const State& abstract, SafetensorsSaveOptions options,
+                                     ProcessGroup* group)
+    : StateWriter(std::move(dir), kSafetensorsTmpSuffix, abstract, group, options.durable, /*fixed_shardings=*/false),
+      impl_(std::make_unique<Impl>()) {
   Impl& w = *impl_;
-  w.dir = local_path(dir.string(), "safetensors directory");
-  w.tmp = fs::path(w.dir) += kSafetensorsTmpSuffix;
   w.options = std::move(options);
   std::vector<std::tuple<std::string, Shape, DType>> arrays;
-  for (const auto& [path, v] : abstract) arrays.emplace_back(path, v.shape(), v.dtype());
-  w.layout = plan_files(arrays, w.options);
-  for (size_t i = 0; i < w.layout.tensors.size(); ++i) w.index[w.layout.tensors[i].path] = i;
-  w.written.assign(w.layout.tensors.size(), false);
-  create_files(w.dir, w.tmp, w.layout);
-  for (const std::string& f : w.layout.files) w.files.push_back(detail::File::open_write(w.tmp / f));
+  for (const auto& [path, v] : layout()) arrays.emplace_back(path, v.shape(), v.dtype());
+  w.layout = plan_files(arrays, w.options);  // the same on every process: it depends on shapes alone
+  std::map<std::string, size_t> by_path;
+  for (size_t i = 0; i < w.layout.tensors.size(); ++i) by_path[w.layout.tensors[i].path] = i;
+  for (const std::string& path : paths()) w.placed.push_back(by_path.at(path));
+  start();
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (impl_ && !impl_->committed) {
-    impl_->files.clear();
-    std::error_code ec;
-    fs::remove_all(impl_->tmp, ec);
-  }
+SafetensorsWriter::~SafetensorsWriter() { impl_->files.clear(); }
+
+void SafetensorsWriter::begin_leader() { create_files(tmp(), impl_->layout); }
+
+void SafetensorsWriter::begin_process() {
+  for (const std::string& f : impl_->layout.files) impl_->files.push_back(detail::File::open_write(tmp() / f));
 }
 
-void SafetensorsWriter::write(const std::string& path, const Array& array) {
+void SafetensorsWriter::write_blocks(size_t leaf, std::span<const HostBlock> blocks) {
   Impl& w = *impl_;
-  auto it = w.index.find(path);
-  if (it == w.index.end()) throw ValueError("'" + path + "' is not one of the tensors this writer laid out");
-  const Placed& t = w.layout.tensors[it->second];
-  if (array.shape() != t.shape || array.dtype() != t.dtype)
-    throw ValueError("'" + path + "' is " + type_string(array.dtype(), array.shape()) + ", laid out as " +
-                     type_string(t.dtype, t.shape));
-  if (w.written[it->second]) throw ValueError("'" + path + "' is written twice");
-  State one;
-  one.insert(path, Variable(kParam, array));
-  const StagedState staged = detail::stage_in_place(one);
+  const Placed& t = w.layout.tensors[w.placed[leaf]];
   const int64_t data_start = 8 + static_cast<int64_t>(w.layout.headers[t.file].size());
-  write_tensor(w.files[t.file], data_start + t.begin, t, staged.impl().params.front(), w.slab);
-  w.written[it->second] = true;
+  write_tensor(w.files[t.file], data_start + t.begin, t, blocks, w.slab);
 }
 
-void SafetensorsWriter::commit() {
-  Impl& w = *impl_;
-  for (size_t i = 0; i < w.written.size(); ++i)
-    if (!w.written[i]) throw ValueError("'" + w.layout.tensors[i].path + "' was never written");
-  for (detail::File& f : w.files) {
-    if (w.options.durable) f.sync();
+std::string SafetensorsWriter::finish_process() {
+  for (detail::File& f : impl_->files) {
+    if (durable()) f.sync();
     f.close();
   }
-  w.files.clear();
-  commit_files(w.dir, w.tmp, w.layout, w.options.durable);
-  w.committed = true;
+  impl_->files.clear();
+  return {};
+}
+
+void SafetensorsWriter::finish(const std::vector<std::string>&) { write_index(tmp(), impl_->layout, durable()); }
+
+void save_safetensors(const fs::path& dir, const StagedState& staged, const SafetensorsSaveOptions& options) {
+  SafetensorsWriter writer(dir, staged.abstract(), options, &staged.processes());
+  staged.write_to(writer);
+  writer.commit();
 }
 
 void save_safetensors(const fs::path& dir, const State& state, const SafetensorsSaveOptions& options) {
-  save_safetensors(dir, detail::stage_in_place(state), options);
+  save_safetensors(dir, stage_in_place(state), options);
 }
 
 }  // namespace tessel

@@ -1,0 +1,158 @@
+// The cycle every checkpoint writer shares: lay out, create the temporary directory, write blocks
+// as they come, let every process finish its part, let the leader complete and rename.
+#include "tessel/checkpoint/writer.h"
+
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/orbax_layout.h"
+#include "tessel/checkpoint/detail/staged.h"
+#include "tessel/core/error.h"
+#include "tessel/core/path.h"
+
+namespace tessel {
+namespace fs = std::filesystem;
+
+namespace detail {
+
+fs::path begin_tmp_dir(const fs::path& final_dir, const char* suffix) {
+  fs::path tmp = final_dir;
+  tmp += suffix;
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) throw IoError("cannot remove the stale '" + tmp.string() + "': " + ec.message());
+  if (!fs::create_directory(tmp, ec) || ec) {
+    throw IoError("cannot create '" + tmp.string() + "': " + (ec ? ec.message() : "it exists"));
+  }
+  return tmp;
+}
+
+void commit_tmp_dir(const fs::path& tmp, const fs::path& final_dir, bool durable, bool commit_file) {
+  if (commit_file) write_file(tmp / kCommitFile, "Checkpoint commit was successful to " + final_dir.string(), durable);
+  if (durable) sync_directory(tmp);
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) throw IoError("cannot commit '" + final_dir.string() + "': it already exists");
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to '" + final_dir.string() + "': " + ec.message());
+  if (durable) sync_directory(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace detail
+
+StateWriter::StateWriter(fs::path dir, std::string_view tmp_suffix, const State& abstract, ProcessGroup* group,
+                         bool durable, bool fixed_shardings)
+    : dir_(local_path(dir.string(), "checkpoint directory")),
+      layout_(abstract),
+      durable_(durable),
+      fixed_shardings_(fixed_shardings) {
+  tmp_suffix_ = tmp_suffix;
+  tmp_ = dir_;
+  tmp_ += tmp_suffix_;
+  if (!group) own_group_ = std::make_unique<SingleProcessGroup>();
+  group_ = group ? group : own_group_.get();
+  for (const auto& [path, v] : layout_) {
+    if (fixed_shardings_ && !v.sharding())
+      throw ValueError("'" + path + "' has no sharding: a checkpoint records each leaf's sharding");
+    index_.emplace(path, paths_.size());
+    paths_.push_back(path);
+  }
+  written_.assign(paths_.size(), false);
+}
+
+StateWriter::~StateWriter() {
+  if (started_ && !committed_ && group_->is_leader()) {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);  // best effort: a crash instead leaves it for the next cleanup
+  }
+}
+
+void StateWriter::start() {
+  const std::string where = "saving '" + dir_.string() + "'";
+  run_together(*group_, where, [&] {
+    if (!group_->is_leader()) return;
+    std::error_code ec;
+    if (fs::exists(dir_, ec)) throw IoError("cannot save to '" + dir_.string() + "': it already exists");
+    detail::begin_tmp_dir(dir_, tmp_suffix_.c_str());
+    started_ = true;
+    begin_leader();
+  });
+  started_ = true;
+  run_together(*group_, where, [&] { begin_process(); });
+}
+
+void StateWriter::write(const std::string& path, const Array& array) {
+  auto it = index_.find(path);
+  if (it == index_.end())
+    throw ValueError("'" + path + "' is not one of the " + std::string(leaf_noun()) + " this writer laid out");
+  const Variable& v = layout_.at(path);
+  if (array.shape() != v.shape() || array.dtype() != v.dtype() ||
+      (fixed_shardings_ && !(array.sharding() == *v.sharding()))) {
+    throw ValueError("'" + path + "' is " + type_string(array.dtype(), array.shape()) + " " + array.sharding().to_string() +
+                     ", laid out as " + type_string(v.dtype(), v.shape()) +
+                     (v.sharding() ? " " + v.sharding()->to_string() : std::string()));
+  }
+  std::vector<HostBlock> blocks;
+  for (const detail::BlockBytes& b : detail::blocks_to_write(array)) blocks.push_back({b.box, b.bytes});
+  write(path, blocks);
+}
+
+void StateWriter::write(const std::string& path, std::span<const HostBlock> blocks) {
+  auto it = index_.find(path);
+  if (it == index_.end())
+    throw ValueError("'" + path + "' is not one of the " + std::string(leaf_noun()) + " this writer laid out");
+  if (written_[it->second]) throw ValueError("'" + path + "' is written twice");
+  const Variable& v = layout_.at(path);
+  std::map<std::vector<int64_t>, Box> distinct;  // the sharding's non-empty blocks by start
+  if (v.sharding()) {
+    for (const ShardPlacement& p : v.sharding()->distinct_shards(v.shape()))
+      if (!p.box.empty()) distinct.emplace(std::vector<int64_t>(p.box.starts().begin(), p.box.starts().end()), p.box);
+  }
+  std::set<std::vector<int64_t>> seen;
+  std::vector<HostBlock> kept;  // empty blocks hold nothing to write
+  const Box full = Box::full(v.shape());
+  for (const HostBlock& b : blocks) {
+    if (b.box.rank() == v.shape().rank() && b.box.empty() && b.bytes.empty()) continue;
+    const std::vector<int64_t> start(b.box.starts().begin(), b.box.starts().end());
+    const bool fits = b.box.rank() == v.shape().rank() && full.intersect(b.box) == b.box &&
+                      (!v.sharding() || (distinct.contains(start) && distinct.at(start) == b.box));
+    if (!fits) {
+      throw ValueError("'" + path + "': block " + b.box.to_string() + " is not one of the blocks of " +
+                       (v.sharding() ? v.sharding()->to_string() : std::string("the tensor")) + " for shape " +
+                       v.shape().to_string());
+    }
+    if (!seen.insert(start).second) throw ValueError("'" + path + "': block " + b.box.to_string() + " is given twice");
+    const int64_t expect = b.box.volume() * static_cast<int64_t>(item_size(v.dtype()));
+    if (static_cast<int64_t>(b.bytes.size()) != expect) {
+      throw ValueError("'" + path + "': block " + b.box.to_string() + " has " + std::to_string(b.bytes.size()) +
+                       " bytes, not the " + std::to_string(expect) + " of " + std::string(name(v.dtype())));
+    }
+    kept.push_back(b);
+  }
+  write_blocks(it->second, kept);
+  written_[it->second] = true;
+}
+
+void StateWriter::commit() {
+  if (committed_) throw ValueError("'" + dir_.string() + "' is committed already");
+  const std::string where = "saving '" + dir_.string() + "'";
+  std::vector<std::string> parts = gather_together(*group_, where, [&] {
+    for (size_t i = 0; i < written_.size(); ++i)
+      if (!written_[i]) throw ValueError("'" + paths_[i] + "' was never written");
+    return finish_process();
+  });
+  run_together(*group_, where, [&] {
+    if (!group_->is_leader()) return;
+    finish(parts);
+    detail::commit_tmp_dir(tmp_, dir_, durable_, /*commit_file=*/false);
+  });
+  committed_ = true;
+}
+
+}  // namespace tessel
