@@ -19,12 +19,14 @@
 #include "bindings.h"
 #include "convert.h"
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/convert.h"
 #include "tessel/checkpoint/item.h"
 #include "tessel/checkpoint/items.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 #include "tessel/core/path.h"
+#include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/runtime/array.h"
 #include "tessel/runtime/runtime.h"
 
@@ -260,6 +262,47 @@ struct ItemView {
   }
 };
 
+// convert(): the library's conversion (checkpoint/convert.h) from Python's arguments; returns the
+// format written.
+std::string convert_item(const std::string& src, const std::string& dst, std::optional<int64_t> step,
+                         std::optional<std::string> item_name, std::optional<std::string> to, std::optional<Mesh> mesh,
+                         std::optional<LogicalRules> rules, std::optional<std::string> dtype,
+                         std::vector<std::string> select, std::vector<std::pair<std::string, std::string>> rename,
+                         std::optional<std::string> map, std::map<std::string, std::string> map_vars,
+                         int64_t max_file_bytes, const std::string& compression, bool use_ocdbt, bool use_zarr3) {
+  const fs::path from = local_path(src, "src"), into = local_path(dst, "dst");
+  if (to && *to != "orbax" && *to != "safetensors" && *to != "maxtext-params")
+    throw ValueError("to must be 'orbax', 'safetensors' or 'maxtext-params', not '" + *to + "'");
+  if (max_file_bytes < 0 || max_file_bytes % (int64_t{1} << 20) != 0)
+    throw ValueError("max_file_bytes must be a non-negative multiple of 1 MiB, not " + std::to_string(max_file_bytes));
+  const std::optional<fs::path> map_file = map ? std::optional(local_path(*map, "map")) : std::nullopt;
+  nb::gil_scoped_release release;
+  const CheckpointItem item = CheckpointItem::find(from, step, item_name);
+  ConvertOptions o;
+  if (to == "orbax") o.to = CheckpointFormat::kOrbax;
+  if (to == "safetensors") o.to = CheckpointFormat::kSafetensors;
+  if (dtype) o.dtype = parse_dtype(*dtype);
+  o.target.rules = rules ? rules : item.metadata().rules;
+  if (mesh) {
+    // Axes the rules declare and the mesh lacks get size 1, in the rules' order (as --mesh).
+    const std::vector<std::string>& declared = o.target.rules ? o.target.rules->mesh_axes() : std::vector<std::string>{};
+    std::string text;
+    for (const MeshAxis& a : mesh->axes()) text += (text.empty() ? "" : ",") + a.name + "=" + std::to_string(a.size);
+    o.target.mesh = declared.empty() ? *mesh : Mesh::parse(text, declared);
+  }
+  o.target.select = std::move(select);
+  o.target.rename = std::move(rename);
+  if (map_file) o.map = load_key_map(*map_file, map_vars);
+  o.orbax.compression = Compression::parse(compression);
+  o.orbax.use_ocdbt = use_ocdbt;
+  o.orbax.use_zarr3 = use_zarr3;
+  o.safetensors = SafetensorsSaveOptions{.max_file_bytes = max_file_bytes, .metadata = {{"format", "pt"}}};
+  if (to == "maxtext-params") o = maxtext_params_conversion(item, std::move(o));
+  const Runtime rt = Runtime::host(o.target.mesh ? o.target.mesh->device_count() : 1);
+  const ConvertReport r = convert(rt, item, into, o);
+  return r.written == CheckpointFormat::kSafetensors ? "safetensors" : "orbax";
+}
+
 ItemView open_item(const std::string& path, std::optional<int64_t> step, std::optional<std::string> item) {
   const fs::path given = local_path(path, "path");
   nb::gil_scoped_release release;
@@ -317,6 +360,9 @@ void bind_checkpoint(nb::module_& m) {
       });
 
   m.def("open_item", &open_item, "path"_a, "step"_a = nb::none(), "item"_a = nb::none());
+  m.def("convert", &convert_item, "src"_a, "dst"_a, "step"_a, "item"_a, "to"_a, "mesh"_a, "rules"_a, "dtype"_a,
+        "select"_a, "rename"_a, "map"_a, "map_vars"_a, "max_file_bytes"_a, "compression"_a, "use_ocdbt"_a,
+        "use_zarr3"_a);
   m.def("list_steps", [](const std::string& root) { return list_steps(local_path(root, "root")); }, "root"_a);
   nb::class_<ItemInfo>(m, "ItemInfo", "One item of an Orbax step directory.")
       .def_ro("name", &ItemInfo::name)

@@ -23,8 +23,7 @@ import numpy as np
 
 from tessel import _tessel
 from tessel._jax import from_jax, to_jax
-from tessel._path import local_path
-from tessel._tessel import ArgumentError, Error as tessel_error, IoError, LogicalRules, Mesh, NamedSharding, PartitionSpec
+from tessel._tessel import ArgumentError, LogicalRules, Mesh, NamedSharding, PartitionSpec
 
 SEQUENCE_KEY = 1  # Orbax's KeyType.SEQUENCE: the key is a list/tuple index
 
@@ -365,63 +364,29 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
     return _unflatten(out, restored.key_types)
 
 
-def _cli() -> str:
-    exe = os.environ.get("TESSEL_CLI")
-    if exe:
-        return exe
-    from tessel.__main__ import executable
-    return executable()
-
-
-def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = None, rules: str | None = None,
+def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = None, rules: Any = None,
             dtype: Any = None, step: int | None = None, item: str | None = None,
             select: str | Sequence[str] | None = None, rename: Mapping[str, str] | None = None,
             map: str | None = None, map_vars: Mapping[str, Any] | None = None, max_file_bytes: int = 0,
             compression: str = "none", use_ocdbt: bool = True, use_zarr3: bool = False) -> str:
-    """`tessel ckpt convert`, run by the package's own CLI: an Orbax item or step as safetensors, or
-    safetensors as an Orbax item (`to`: "orbax" or "safetensors", default the other format of
-    `src`), streaming one batch of tensors at a time. Tensors go through `mesh` (default one
-    device; `rules`: a rules file), cast to `dtype`; `select` keeps subtrees (globs), `rename`
-    moves them ({"params.params": ""}); `map` is a key map (examples/maps/llama.yml) with
-    `map_vars` ({"head_dim": 128}). Returns the format written; a failure raises tessel.Error with
-    the tool's message."""
-    import subprocess
-    src, dst = local_path(src, "src"), local_path(dst, "dst")
-    args = [_cli(), "ckpt", "convert", src, dst]
-    fmt = _tessel.open_item(src, step, item).format
-    to = to or ("orbax" if fmt == "safetensors" else "safetensors")
-    if to not in ("orbax", "safetensors"):
-        raise ArgumentError(f"to must be 'orbax' or 'safetensors', not {to!r}")
-    args += ["--to", to]
-    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 0 or max_file_bytes % (1 << 20):
+    """`tessel ckpt convert` from Python (the same library function): an Orbax item or step as
+    safetensors, or safetensors as an Orbax item (`to`: "orbax" or "safetensors", default the other
+    format of `src`; "maxtext-params" for MaxText's parameter-only checkpoint), streaming one batch
+    of tensors at a time. Tensors go through `mesh` (default one device; `rules`: LogicalRules or a
+    rules file), cast to `dtype`; `select` keeps subtrees (globs), `rename` moves them
+    ({"params.params": ""}); `map` is a key map (examples/maps/llama.yml) with `map_vars`
+    ({"head_dim": 128}). Returns the format written."""
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int):
         raise ArgumentError(f"max_file_bytes must be a non-negative multiple of 1 MiB, not {max_file_bytes!r}")
-    if max_file_bytes:
-        args += ["--max-file-mb", str(max_file_bytes >> 20)]
-    if mesh is not None:
-        args += ["--mesh", ",".join(f"{a}={n}" for a, n in zip(mesh.axis_names, mesh.shape.values()))]
-    if rules is not None:
-        args += ["--rules", local_path(rules, "rules")]
-    if dtype is not None:
-        args += ["--dtype", dtype if isinstance(dtype, str) else np.dtype(dtype).name]
-    if step is not None:
-        args += ["--step", str(step)]
-    if item is not None:
-        args += ["--item", item]
-    if select is not None:
-        args += ["--select", select if isinstance(select, str) else ",".join(select)]
-    if rename:
-        args += ["--rename", ",".join(f"{a}={b}" for a, b in rename.items())]
-    if map is not None:
-        args += ["--map", local_path(map, "map")]
-    if map_vars:
-        args += ["--map-var", ",".join(f"{k}={v}" for k, v in map_vars.items())]
-    if to == "orbax":
-        args += ["--compression", compression, "--storage", "ocdbt" if use_ocdbt else "files"] + (["--zarr3"] if use_zarr3 else [])
-    r = subprocess.run(args, capture_output=True, text=True)
-    if r.returncode != 0:
-        message = r.stderr.strip().removeprefix("tessel: error: ")
-        raise (IoError if "cannot" in message or "exists" in message else tessel_error)(message)
-    return to
+    if rules is not None and not isinstance(rules, LogicalRules):
+        from tessel._model import load_rules
+        rules = load_rules(rules)
+    patterns = [] if select is None else [select] if isinstance(select, str) else list(select)
+    return _tessel.convert(
+        os.fspath(src), os.fspath(dst), step, item, to, mesh, rules,
+        None if dtype is None else dtype if isinstance(dtype, str) else np.dtype(dtype).name, patterns,
+        list((rename or {}).items()), None if map is None else os.fspath(map),
+        {str(k): str(v) for k, v in (map_vars or {}).items()}, max_file_bytes, compression, use_ocdbt, use_zarr3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,13 +12,14 @@
 
 #include "cli/commands.h"
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/convert.h"
 #include "tessel/checkpoint/key_map.h"
 #include "tessel/checkpoint/manager.h"
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
-#include "tessel/models/maxtext.h"
+#include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/nn/optimizer.h"
 #include "tessel/runtime/cast.h"
 #include "tessel/runtime/device.h"
@@ -138,19 +139,18 @@ struct Target {
   Mesh mesh;
   State state;
   std::optional<LogicalRules> rules;
+  TargetSpec spec;
 };
 
 // The target of a restore onto --mesh (see make_target): the rules given, else the saved ones,
-// also declare the mesh's axis order.
-Target make_target(const CkptArgs& a, const CheckpointItem& item) {
-  std::optional<LogicalRules> rules = a.rules.empty() ? item.metadata().rules : load_rules(a.rules);
-  // No --mesh: one device (on the rules' first declared axis, when they declare some).
-  const bool declared = rules && !rules->mesh_axes().empty();
-  const std::string mesh_text = !a.mesh.empty() ? a.mesh : declared ? rules->mesh_axes()[0] + "=1" : "host=1";
-  Mesh mesh = declared ? Mesh::parse(mesh_text, rules->mesh_axes()) : Mesh::parse(mesh_text);
+// also declare the mesh's axis order; no --mesh: one device.
+TargetSpec target_spec(const CkptArgs& a, const CheckpointItem& item) {
   TargetSpec spec;
-  spec.mesh = mesh;
-  spec.rules = rules;
+  spec.rules = a.rules.empty() ? item.metadata().rules : load_rules(a.rules);
+  const bool declared = spec.rules && !spec.rules->mesh_axes().empty();
+  spec.mesh = a.mesh.empty() ? one_device_mesh(spec.rules)
+              : declared     ? Mesh::parse(a.mesh, spec.rules->mesh_axes())
+                             : Mesh::parse(a.mesh);
   if (!a.shardings.empty()) spec.specs = load_target_specs(a.shardings);
   if (!a.logical_axes.empty()) spec.logical_axes = load_target_logical_axes(a.logical_axes);
   spec.axis_map = parse_axis_map(a.axis_map);
@@ -158,8 +158,13 @@ Target make_target(const CkptArgs& a, const CheckpointItem& item) {
     for (auto w : text_util::split_commas(a.paths)) spec.paths.emplace_back(w);
   }
   if (!a.select.empty()) spec.select = select_patterns(a);
+  return spec;
+}
+
+Target make_target(const CkptArgs& a, const CheckpointItem& item) {
+  TargetSpec spec = target_spec(a, item);
   State target = tessel::make_target(item, spec);
-  return {mesh, std::move(target), rules};
+  return {*spec.mesh, std::move(target), spec.rules, spec};
 }
 
 int64_t peak_rss() {
@@ -169,10 +174,6 @@ int64_t peak_rss() {
     if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
   }
   return 0;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 Runtime runtime_for(const CkptArgs& a, const Mesh& mesh) {
@@ -285,178 +286,46 @@ void reshard_command(const CkptArgs& a) {
                            text_util::format_bytes(stats.target_bytes), t.mesh.to_string(), stats.seconds, a.dst, s);
 }
 
-// A conversion through a key map: each target tensor made on the host from its source tensors
-// (restored onto one device), then written (safetensors, one at a time) or gathered (Orbax).
-void convert_mapped(const CkptArgs& a, const CheckpointItem& item, const std::string& to) {
-  const KeyMap map = load_key_map(a.map, parse_map_vars(a.map_vars));
-  State source = item.abstract_state();
-  if (!a.select.empty()) {
-    State picked;
-    for (const std::string& p : select_paths(source, select_patterns(a))) picked.insert(p, source.at(p));
-    source = std::move(picked);
-  }
-  const MapPlan plan = plan_key_map(map, source);
-  const auto renames = parse_renames(a.rename);
-  const std::optional<DType> cast_to = a.dtype.empty() ? std::nullopt : std::optional(parse_dtype(a.dtype));
-  State target;
-  for (const auto& [path, v] : plan.target)
-    target.insert(rename_path(path, renames), Variable::abstract(kParam, v.shape(), cast_to.value_or(v.dtype())));
-  const Mesh host({{"host", 1}});
-  const NamedSharding on_host(host, PartitionSpec{});
-  Runtime rt = Runtime::host(1);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::optional<SafetensorsWriter> writer;
-  std::optional<CheckpointWriter> orbax;
-  if (to == "safetensors") {
-    writer.emplace(a.dst, target, SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
+// The conversion's options from the command line; the library does the work (checkpoint/convert.h).
+ConvertOptions convert_options(const CkptArgs& a, const CheckpointItem& item) {
+  ConvertOptions o;
+  if (a.to == "orbax") o.to = CheckpointFormat::kOrbax;
+  if (a.to == "safetensors") o.to = CheckpointFormat::kSafetensors;
+  if (!a.dtype.empty()) o.dtype = parse_dtype(a.dtype);
+  TargetSpec& spec = o.target;
+  if (!a.map.empty()) {
+    if (!a.mesh.empty() || !a.paths.empty() || !a.shardings.empty() || !a.logical_axes.empty() || !a.axis_map.empty())
+      throw ValueError("--map converts on one device: leave out --mesh, --paths, --shardings, --logical-axes, --axis-map");
+    o.map = load_key_map(a.map, parse_map_vars(a.map_vars));
   } else {
-    State placed;
-    for (const auto& [path, v] : target) placed.insert(path, Variable::abstract(kParam, v.shape(), v.dtype(), on_host));
-    orbax.emplace(a.dst, placed, orbax_options(a, std::nullopt));
+    spec = target_spec(a, item);
   }
-  std::map<std::string, HostArray> cache;  // the sources of the last tensor (an unstacked source feeds several)
-  RestoreOptions options;
-  options.partial = true;
-  options.staging_bytes = std::min<int64_t>(a.staging_mb << 20, int64_t{64} << 20);
-  for (const MappedTensor& t : plan.tensors) {
-    State wanted;
-    for (const std::string& p : t.sources)
-      if (!cache.contains(p)) wanted.insert(p, Variable::abstract(kParam, source.at(p).shape(), source.at(p).dtype(), on_host));
-    std::map<std::string, HostArray> next;
-    for (const std::string& p : t.sources)
-      if (auto it = cache.find(p); it != cache.end()) next.emplace(p, std::move(it->second));
-    if (!wanted.empty())
-      for (const auto& [p, v] : restore(rt, item, wanted, options)) next.emplace(p, to_host(v.array()));
-    cache = std::move(next);
-    std::vector<const HostArray*> inputs;
-    for (const std::string& p : t.sources) inputs.push_back(&cache.at(p));
-    Array made = device_put(rt, apply_mapped(t, inputs), on_host);
-    if (cast_to) made = cast(made, *cast_to);
-    const std::string path = rename_path(t.path, renames);
-    if (writer) {
-      writer->write(path, made);
-    } else {
-      orbax->write(path, made);
-    }
-  }
-  if (writer) {
-    writer->commit();
-  } else {
-    orbax->commit();
-  }
-  std::cout << fmt::format("{} source tensors mapped {} by {} to {} {} tensors in {} in {:.3f} s, peak RSS {}\n",
-                           source.size(), plan.forward ? "forward" : "backward", a.map, target.size(), to, a.dst,
-                           seconds_since(t0), text_util::format_bytes(peak_rss()));
-}
-
-// Orbax <-> safetensors: restored onto --mesh (default one device), optionally cast, then saved in
-// the other format (or the one --to names).
-// The parameters of a train state under MaxText's params/params/ prefix: a MaxText TrainState's
-// own, or a tessel state's leaves other than its optimizer state.
-State maxtext_params_of(const State& saved, const CheckpointItem& item) {
-  const std::string prefix = "params/params/";
-  bool maxtext = false;
-  for (const auto& [path, v] : saved) maxtext = maxtext || path.starts_with(prefix);
-  State out;
-  for (const auto& [path, v] : saved) {
-    if (maxtext) {
-      if (path.starts_with(prefix)) out.insert(path, v);
-    } else if (!path.starts_with("opt_state/") && path != "step" && v.kind() != nn::kOptState) {
-      out.insert(path, v);
-    }
-  }
-  if (out.empty()) throw ValueError(item.dir().string() + " holds no parameters to write");
-  return out;
+  if (!a.select.empty()) spec.select = select_patterns(a);
+  spec.rename = parse_renames(a.rename);
+  o.orbax = orbax_options(a, std::nullopt);
+  o.safetensors = SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}};
+  o.staging_bytes = std::min<int64_t>(a.staging_mb << 20, int64_t{64} << 20);
+  return a.to == "maxtext-params" ? maxtext_params_conversion(item, std::move(o)) : o;
 }
 
 void convert_command(const CkptArgs& a) {
   const CheckpointItem item = CheckpointItem::find(a.dir, a.step, a.item);
-  const bool from_safetensors = item.format() == StorageFormat::kSafetensors;
-  const std::string to = a.to.empty() ? (from_safetensors ? "orbax" : "safetensors") : a.to;
-  if (!a.map.empty()) {
-    if (!a.mesh.empty() || !a.paths.empty() || !a.shardings.empty() || !a.logical_axes.empty() || !a.axis_map.empty())
-      throw ValueError("--map converts on one device: leave out --mesh, --paths, --shardings, --logical-axes, --axis-map");
-    convert_mapped(a, item, to);
+  const ConvertOptions o = convert_options(a, item);
+  Runtime rt = runtime_for(a, o.target.mesh ? *o.target.mesh : one_device_mesh(o.target.rules));
+  const ConvertReport r = convert(rt, item, a.dst, o);
+  const std::string to = r.written == CheckpointFormat::kSafetensors ? "safetensors" : "orbax";
+  if (r.map_forward) {
+    std::cout << fmt::format("{} source tensors mapped {} by {} to {} {} tensors in {} in {:.3f} s, peak RSS {}\n",
+                             r.source_tensors, *r.map_forward ? "forward" : "backward", a.map, r.tensors, to, a.dst,
+                             r.seconds, text_util::format_bytes(peak_rss()));
     return;
   }
-  Target t = make_target(a, item);
-  const bool params_only = to == "maxtext-params";
-  if (params_only) t.state = maxtext_params_of(t.state, item);
-  if (!a.dtype.empty() || params_only) {
-    // MaxText's generate_param_only_checkpoint casts to bfloat16.
-    const DType dtype = parse_dtype(a.dtype.empty() ? "bfloat16" : a.dtype);
-    State cast;
-    for (const auto& [path, v] : t.state)
-      cast.insert(path, Variable::abstract(v.kind(), v.shape(), dtype, v.sharding(), v.partitioning()));
-    t.state = std::move(cast);
-  }
-  Runtime rt = runtime_for(a, t.mesh);
-  const auto renames = parse_renames(a.rename);
-  const auto t0 = std::chrono::steady_clock::now();
-  // Both formats stream: a batch of tensors (at most kBatchBytes, or one larger tensor) is
-  // restored, written in place and dropped before the next, so memory stays near the largest tensor.
-  constexpr int64_t kBatchBytes = int64_t{128} << 20;
-  // A tessel state's parameters go under MaxText's params/params/.
-  auto out_path = [&](const std::string& path) {
-    std::string renamed = rename_path(path, renames);
-    return params_only && !renamed.starts_with("params/params/") ? "params/params/" + renamed : renamed;
-  };
-  State target;
-  for (const auto& [path, v] : rename_prefixes(t.state, renames))  // checks the renames before anything is written
-    target.insert(params_only && !path.starts_with("params/params/") ? "params/params/" + path : path, v);
-  std::optional<SafetensorsWriter> st;
-  std::optional<CheckpointWriter> orbax;
-  const fs::path step_dir = fs::path(a.dst) / "0";
-  if (to == "safetensors") {
-    st.emplace(a.dst, target, SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}});
-  } else if (params_only) {
-    // MaxText's decode state: TrainState(step=0, params, opt_state={}) as step 0, item "items".
-    if (fs::exists(a.dst)) throw ValueError("'" + a.dst + "' exists: give a new directory");
-    target.insert("step", Variable::abstract(nn::kOptState, Shape{}, DType::kI32, NamedSharding(t.mesh, PartitionSpec{})));
-    SaveOptions options = orbax_options(a, t.rules);
-    options.empty_nodes.insert("opt_state");
-    fs::create_directories(step_dir);
-    orbax.emplace(step_dir / kMaxTextItem, target, options);
-  } else {
-    orbax.emplace(a.dst, target, orbax_options(a, t.rules));
-  }
-  RestoreOptions options;
-  options.partial = true;
-  options.staging_bytes = std::min<int64_t>(a.staging_mb << 20, int64_t{64} << 20);
-  int64_t bytes = 0, batch_bytes = 0;
-  State batch;
-  auto flush = [&] {
-    if (batch.empty()) return;
-    for (const auto& [path, v] : restore(rt, item, batch, options)) {
-      if (st) {
-        st->write(out_path(path), v.array());
-      } else {
-        orbax->write(out_path(path), v.array());
-      }
-    }
-    batch = State();
-    batch_bytes = 0;
-  };
-  for (const auto& [path, v] : t.state) {
-    if (batch_bytes > 0 && batch_bytes + v.nbytes() > kBatchBytes) flush();
-    batch.insert(path, v);
-    batch_bytes += v.nbytes();
-    bytes += v.nbytes();
-  }
-  flush();
-  if (params_only)
-    orbax->write("step", device_put(rt, HostArray::from<int32_t>(Shape{}, {0}), NamedSharding(t.mesh, PartitionSpec{})));
-  if (st) {
-    st->commit();
-  } else {
-    orbax->commit();
-  }
-  if (params_only) write_step_metadata(step_dir, {kMaxTextItem});
-  const std::string as = to == "orbax" ? "an Orbax item"
-                         : params_only ? "MaxText's parameter-only checkpoint (step 0, item 'items')" : to;
-  std::cout << fmt::format("{} tensors ({}) from {} written as {} to {} in {:.3f} s, peak RSS {}\n", t.state.size(),
-                           text_util::format_bytes(bytes), item.dir().string(), as, a.dst,
-                           seconds_since(t0), text_util::format_bytes(peak_rss()));
+  const std::string as = a.to == "maxtext-params" ? "MaxText's parameter-only checkpoint (step 0, item 'items')"
+                         : to == "orbax"          ? "an Orbax item"
+                                                  : to;
+  std::cout << fmt::format("{} tensors ({}) from {} written as {} to {} in {:.3f} s, peak RSS {}\n", r.tensors,
+                           text_util::format_bytes(r.bytes), item.dir().string(), as, a.dst, r.seconds,
+                           text_util::format_bytes(peak_rss()));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "tessel/sharding/rules_io.h"
 #include "tessel/state/init.h"
 #include "tessel/models/maxtext.h"
+#include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/state/plan.h"
 
 namespace tessel::cli {

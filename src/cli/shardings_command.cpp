@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "tessel/core/error.h"
 #include "tessel/models/maxtext.h"
+#include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/state/init.h"
 #include "tessel/sharding/named_sharding.h"
 #include "tessel/sharding/rules_io.h"

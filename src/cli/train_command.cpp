@@ -21,6 +21,7 @@
 #include "tessel/core/error.h"
 #include "tessel/detail/text_util.h"
 #include "tessel/models/maxtext.h"
+#include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/models/train.h"
 #include "tessel/runtime/process_group.h"
 #include "tessel/sharding/rules_io.h"

@@ -12,6 +12,7 @@
 #include "test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/models/maxtext.h"
+#include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/models/train.h"
 #include "tessel/state/init.h"
 #include "tessel/state/plan.h"

@@ -191,6 +191,11 @@ State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optio
   return target;
 }
 
+Mesh one_device_mesh(const std::optional<LogicalRules>& rules) {
+  if (!rules || rules->mesh_axes().empty()) return Mesh({{"host", 1}});
+  return Mesh::parse(rules->mesh_axes()[0] + "=1", rules->mesh_axes());
+}
+
 std::string path_from_dump_key(std::string_view key) {
   const bool dump = key.starts_with('.') || key.find("['") != std::string_view::npos || key.find('[') != std::string_view::npos;
   if (!dump) return std::string(key);

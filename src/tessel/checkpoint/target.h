@@ -67,6 +67,10 @@ struct TargetSpec {
 // the first of them, with the three ways out) the leaves whose saved specs name axes `mesh` lacks.
 State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optional<int64_t> devices = std::nullopt);
 
+// A mesh of one device over the rules' declared mesh axes (each of size 1, so that every rule
+// resolves to axes the mesh has); `host=1` for rules that declare none, or none at all.
+Mesh one_device_mesh(const std::optional<LogicalRules>& rules);
+
 // A path as MaxText's sharding dumps write it (".params/['params']/['decoder']/...",
 // ".opt_state/[0]/.mu/...") as a tessel path ("params/params/decoder/...", "opt_state/0/mu/...");
 // a tessel path is returned as it is.

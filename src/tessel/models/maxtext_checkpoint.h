@@ -1,0 +1,72 @@
+// MaxText's TrainState around a model's parameters and its checkpoints: the leaves as MaxText's
+// sharding_dump.py and checkpointer name them, a tessel train state in MaxText's checkpoint layout
+// and back, and MaxText's parameter-only checkpoint as a conversion.
+//
+//   auto entries = tessel::maxtext_train_state(config, tessel::eval_shape(model, mesh, config.rules));
+//   tessel::write_maxtext_shardings(entries, "dump/");   // logical_ and named_shardings.json
+//   tessel::ConvertOptions o = tessel::maxtext_params_conversion(tessel::CheckpointItem::find("run/checkpoints"), {});
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessel/checkpoint/convert.h"
+#include "tessel/checkpoint/item.h"
+#include "tessel/models/maxtext_config.h"
+#include "tessel/runtime/runtime.h"
+#include "tessel/state/state.h"
+
+namespace tessel {
+
+// One leaf of MaxText's TrainState (step, params, opt_state of optax.adamw) for a tessel state.
+struct MaxTextStateEntry {
+  std::string key;           // sharding_dump's key: ".params/['params']/['decoder']/..."
+  std::string orbax_path;    // the checkpoint's path: "params/params/decoder/...", "opt_state/0/mu/..."
+  std::string tessel_path;   // the tessel state's path ("decoder/...", "opt_state/mu/decoder/..."), "" for
+                             // the step counters
+  Shape shape;
+  DType dtype;
+  LogicalAxes logical;       // empty for scalars
+  std::optional<NamedSharding> sharding;
+};
+
+// The TrainState's leaves in JAX's flattening order (step, params sorted by key, opt_state's
+// [0] count, mu, nu, then [2] count), from the parameters (kind "param") of `state`; mu in
+// `mu_dtype` (default: the parameter's), nu in the parameter's dtype, the counters int32 scalars
+// replicated on the mesh.
+std::vector<MaxTextStateEntry> maxtext_train_state(const State& state, std::optional<DType> mu_dtype = std::nullopt);
+// The same with the config's mu_dtype; throws ValueError for an opt_type other than adamw.
+std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& config, const State& state);
+
+// Checkpoints in MaxText's layout: Orbax's CheckpointManager item "items" holding the TrainState
+// (params/params/..., opt_state/0/{count, mu, nu}, opt_state/1 empty, opt_state/2/count, step),
+// so MaxText's load_full_state_path restores a tessel checkpoint and tessel resumes MaxText's.
+inline constexpr const char* kMaxTextItem = "items";
+// For SaveOptions: opt_state is a tuple (sequence_nodes), opt_state/1 optax's EmptyState (empty_nodes).
+inline constexpr const char* kMaxTextSequenceNode = "opt_state";
+inline constexpr const char* kMaxTextEmptyNode = "opt_state/1";
+// A tessel train state (params and AdamW's opt_state/mu, opt_state/nu) at `step` as the TrainState
+// tree, the counters as int32 scalars on the params' mesh. Throws ValueError for a state without
+// AdamW's moments.
+State to_maxtext_layout(const Runtime& rt, const State& train_state, int64_t step);
+// The restore target for such a checkpoint: `abstract_train_state`'s shardings under MaxText's paths.
+State maxtext_layout_target(const State& abstract_train_state);
+// Back to tessel's paths; `step` receives the saved step. Throws ValueError for a tree that is not
+// an AdamW TrainState of these parameters.
+State from_maxtext_layout(const State& restored, const State& abstract_train_state, int64_t* step);
+
+// logical_shardings.json and named_shardings.json in sharding_dump.py's format, from an abstract
+// (or concrete) state placed on a mesh. Throws IoError naming a file that cannot be written.
+void write_maxtext_shardings(const std::vector<MaxTextStateEntry>& entries, const std::filesystem::path& dir);
+
+// MaxText's parameter-only checkpoint, as generate_param_only_checkpoint writes it, as a
+// conversion of `src`: step 0's item "items" holding TrainState(step=0, params, opt_state={}), the
+// parameters under params/params/ in bfloat16 (unless `options.dtype`). `src` is a MaxText
+// TrainState (its params/params/ subtree) or a tessel train state (its parameters: every leaf but
+// the optimizer's, put under params/params/, after `options.target.rename`). Throws ValueError for
+// a source without parameters.
+ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptions options);
+
+}  // namespace tessel
