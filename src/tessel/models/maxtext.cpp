@@ -1,54 +1,15 @@
 #include "tessel/models/maxtext.h"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include <fmt/format.h>
 
 #include "tessel/core/error.h"
-#include "tessel/detail/file_util.h"
-#include "tessel/detail/json_util.h"
-#include "tessel/detail/text_util.h"
-#include "tessel/models/detail/maxtext_layers.h"
-#include "tessel/nn/optimizer.h"
-#include "tessel/runtime/array.h"
+#include "tessel/models/detail/maxtext_families.h"
 #include "tessel/ops/ops.h"
-#include "tessel/sharding/detail/spec_json.h"
 
 namespace tessel {
-namespace {
-
 using maxtext::Weights;
-
-// One decoder layer of the family, or of its MoE kind (deepseek).
-Module layer_of(const MaxTextConfig& c, const std::string& name, bool moe) {
-  if (c.decoder_block == "llama2") return maxtext::llama2_layer(name, c);
-  if (c.decoder_block == "qwen3") return maxtext::qwen3_layer(name, c);
-  if (c.decoder_block == "deepseek")
-    return moe ? maxtext::deepseek_moe_layer(name, c) : maxtext::deepseek_dense_layer(name, c);
-  if (c.decoder_block == "gpt_oss") return maxtext::gpt_oss_layer(name, c);
-  if (c.decoder_block == "mixtral") return maxtext::mixtral_layer(name, c);
-  if (c.decoder_block == "qwen3_moe") return maxtext::qwen3_moe_layer(name, c);
-  throw ValueError("decoder_block '" + c.decoder_block + "' is not one tessel builds");
-}
-
-// The decoder's layer stacks as (name, count, moe): scanned, each is one Module of stacked
-// parameters; unscanned, `name`_0, `name`_1, ...
-struct Stack {
-  std::string name;
-  int64_t count;
-  bool moe;
-};
-
-std::vector<Stack> stacks(const MaxTextConfig& c) {
-  if (c.decoder_block == "deepseek")
-    return {{"dense_layers", c.first_num_dense_layers, false},
-            {"moe_layers", c.num_decoder_layers - c.first_num_dense_layers, true}};
-  return {{"layers", c.num_decoder_layers, false}};
-}
-
-}  // namespace
 
 Module maxtext_model(const MaxTextConfig& c) {
   Module embedder("token_embedder");
@@ -56,15 +17,14 @@ Module maxtext_model(const MaxTextConfig& c) {
   embedder.param({.name = "embedding", .shape = {c.vocab_size, c.emb_dim}, .dtype = c.weight_dtype,
                   .init = Initializer::variance_scaling(1.0, FanMode::kFanIn, Distribution::kNormal),
                   .partitioning = Partitioning::by_logical({"vocab", "embed_vocab"}), .fans = {{1}, {0}, {}}});
+  const maxtext::Family& family = maxtext::family_of(c);
   Module decoder("decoder");
-  for (const Stack& s : stacks(c)) {
+  for (const maxtext::Stack& s : family.stacks(c)) {
     if (c.scan_layers) {
-      const bool blocks = c.decoder_block == "gpt_oss";
-      const Module unit = blocks ? maxtext::gpt_oss_block(s.name, c) : layer_of(c, s.name, s.moe);
-      const int64_t n = blocks ? s.count / c.inhomogeneous_layer_cycle_interval : s.count;
-      decoder.add(maxtext::stacked(s.name, unit, n, c.param_scan_axis));
+      const Module unit = family.scan_unit(s.name, c, s.moe);
+      decoder.add(maxtext::stacked(s.name, unit, s.count / family.layers_per_unit(c), c.param_scan_axis));
     } else {
-      for (int64_t i = 0; i < s.count; ++i) decoder.add(layer_of(c, s.name + "_" + std::to_string(i), s.moe));
+      for (int64_t i = 0; i < s.count; ++i) decoder.add(family.layer(s.name + "_" + std::to_string(i), c, s.moe));
     }
   }
   decoder.add(maxtext::rms_norm("decoder_norm", c.emb_dim, c.weight_dtype));
@@ -77,40 +37,30 @@ Module maxtext_model(const MaxTextConfig& c) {
   return model;
 }
 
-bool maxtext_has_forward(const MaxTextConfig& c) {
-  return c.decoder_block == "llama2" || c.decoder_block == "qwen3" || c.decoder_block == "mixtral" ||
-         c.decoder_block == "qwen3_moe" || c.decoder_block == "deepseek" || c.decoder_block == "gpt_oss";
-}
+bool maxtext_has_forward(const MaxTextConfig& c) { return maxtext::find_family(c.decoder_block) != nullptr; }
 
 Tensor maxtext_logits(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
   return maxtext_forward(c, p, tokens).logits;
 }
 
 MaxTextOutputs maxtext_forward(const MaxTextConfig& c, const nn::Params& p, const Tensor& tokens) {
-  if (!maxtext_has_forward(c))
-    throw ValueError(fmt::format("decoder_block '{}': tessel builds its parameters but has no forward pass for it yet "
-                                 "(llama2, qwen3, mixtral, qwen3_moe, deepseek and gpt_oss have one)", c.decoder_block));
+  const maxtext::Family& family = maxtext::family_of(c);
   if (tokens.rank() != 2) throw ValueError("maxtext: tokens must be [batch, seq], got " + tokens.to_string());
   const Tensor& embedding = nn::param(p, "token_embedder/embedding");
   Tensor x = ops::take(embedding, tokens);
   std::vector<Tensor> aux;
-  for (const Stack& stack : stacks(c)) {
+  for (const maxtext::Stack& stack : family.stacks(c)) {
     for (int64_t i = 0; i < stack.count; ++i) {
-      const Weights w = [&c, &p, &stack, i](const std::string& path) {
+      const Weights w = [&c, &p, &stack, &family, i](const std::string& path) {
         if (!c.scan_layers) return nn::param(p, "decoder/" + stack.name + "_" + std::to_string(i) + "/" + path);
         // gpt-oss scans blocks of inhomogeneous_layer_cycle_interval layers (layers_0, layers_1, ...).
-        const int64_t cycle = c.decoder_block == "gpt_oss" ? c.inhomogeneous_layer_cycle_interval : 1;
+        const int64_t cycle = family.layers_per_unit(c);
         const std::string inner = cycle > 1 ? "layers_" + std::to_string(i % cycle) + "/" : "";
         const Tensor& stacked = nn::param(p, "decoder/" + stack.name + "/" + inner + path);
         const size_t dim = std::min(static_cast<size_t>(c.param_scan_axis), stacked.rank() - 1);
         return ops::index(stacked, dim, i / cycle);
       };
-      if (c.decoder_block == "qwen3") x = maxtext::qwen3_layer_forward(c, w, x);
-      else if (c.decoder_block == "mixtral") x = maxtext::mixtral_layer_forward(c, w, x, aux);
-      else if (c.decoder_block == "qwen3_moe") x = maxtext::qwen3_moe_layer_forward(c, w, x, aux);
-      else if (c.decoder_block == "deepseek") x = maxtext::deepseek_layer_forward(c, w, x, stack.moe, aux);
-      else if (c.decoder_block == "gpt_oss") x = maxtext::gpt_oss_layer_forward(c, w, x, i, aux);
-      else x = maxtext::llama2_layer_forward(c, w, x);
+      x = family.forward(c, w, x, i, stack.moe, aux);
     }
   }
   x = ops::rms_norm(x, nn::param(p, "decoder/decoder_norm/scale"), c.normalization_layer_epsilon);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <variant>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -13,6 +14,7 @@
 #include "tessel/detail/file_util.h"
 #include "tessel/detail/text_util.h"
 #include "tessel/detail/yaml_util.h"
+#include "tessel/models/detail/maxtext_families.h"
 #include "tessel/sharding/rules_io.h"
 
 namespace tessel {
@@ -135,17 +137,6 @@ std::vector<LogicalRule> rules_of(const YAML::Node& list, const std::string& sou
   return parse_rules_yaml(YAML::Dump(wrapper), source).rules();
 }
 
-const std::set<std::string>& supported_blocks() {
-  static const std::set<std::string> blocks = {"llama2", "qwen3", "deepseek", "gpt_oss", "mixtral", "qwen3_moe"};
-  return blocks;
-}
-
-std::string join(const std::set<std::string>& names) {
-  std::string out;
-  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
 // MaxText's get_individual_scales.
 std::array<int64_t, 4> individual_scales(int64_t scale) {
   if (scale <= 0 || (scale & (scale - 1)) != 0)
@@ -164,6 +155,91 @@ std::string parallelism_key(const std::string& kind, const std::string& axis) {
 void check(bool ok, const std::string& source, const std::string& message) {
   if (!ok) throw ValueError(source + ": " + message);
 }
+
+// The keys read as they are, each into the field of its name.
+using Field = std::variant<int64_t MaxTextConfig::*, double MaxTextConfig::*, bool MaxTextConfig::*,
+                           std::string MaxTextConfig::*, DType MaxTextConfig::*, std::vector<std::string> MaxTextConfig::*>;
+struct Key {
+  const char* name;
+  Field field;
+};
+const Key kKeys[] = {
+    {"head_dim", &MaxTextConfig::head_dim},
+    {"vocab_size", &MaxTextConfig::vocab_size},
+    {"mlp_activations", &MaxTextConfig::mlp_activations},
+    {"mlp_activations_limit", &MaxTextConfig::mlp_activations_limit},
+    {"logits_via_embedding", &MaxTextConfig::logits_via_embedding},
+    {"normalize_embedding_logits", &MaxTextConfig::normalize_embedding_logits},
+    {"use_qk_norm", &MaxTextConfig::use_qk_norm},
+    {"scan_layers", &MaxTextConfig::scan_layers},
+    {"param_scan_axis", &MaxTextConfig::param_scan_axis},
+    {"weight_dtype", &MaxTextConfig::weight_dtype},
+    {"dtype", &MaxTextConfig::dtype},
+    {"normalization_layer_epsilon", &MaxTextConfig::normalization_layer_epsilon},
+    {"rope_max_timescale", &MaxTextConfig::rope_max_timescale},
+    {"rope_type", &MaxTextConfig::rope_type},
+    {"rope_use_scale", &MaxTextConfig::rope_use_scale},
+    {"rope_min_timescale", &MaxTextConfig::rope_min_timescale},
+    {"rope_linear_scaling_factor", &MaxTextConfig::rope_linear_scaling_factor},
+    {"max_position_embeddings", &MaxTextConfig::max_position_embeddings},
+    {"original_max_position_embeddings", &MaxTextConfig::original_max_position_embeddings},
+    {"rope_factor", &MaxTextConfig::rope_factor},
+    {"beta_fast", &MaxTextConfig::beta_fast},
+    {"beta_slow", &MaxTextConfig::beta_slow},
+    {"mscale", &MaxTextConfig::mscale},
+    {"rope_interleave", &MaxTextConfig::rope_interleave},
+    {"rope_truncate", &MaxTextConfig::rope_truncate},
+    {"rope_attention_scaling", &MaxTextConfig::rope_attention_scaling},
+    {"dense_init_scale", &MaxTextConfig::dense_init_scale},
+    {"attention_bias", &MaxTextConfig::attention_bias},
+    {"attention_sink", &MaxTextConfig::attention_sink},
+    {"sliding_window_size", &MaxTextConfig::sliding_window_size},
+    {"inhomogeneous_layer_cycle_interval", &MaxTextConfig::inhomogeneous_layer_cycle_interval},
+    {"num_experts", &MaxTextConfig::num_experts},
+    {"num_experts_per_tok", &MaxTextConfig::num_experts_per_tok},
+    {"shared_experts", &MaxTextConfig::shared_experts},
+    {"first_num_dense_layers", &MaxTextConfig::first_num_dense_layers},
+    {"routed_bias", &MaxTextConfig::routed_bias},
+    {"mlp_bias", &MaxTextConfig::mlp_bias},
+    {"routed_score_func", &MaxTextConfig::routed_score_func},
+    {"routed_scaling_factor", &MaxTextConfig::routed_scaling_factor},
+    {"norm_topk_prob", &MaxTextConfig::norm_topk_prob},
+    {"capacity_factor", &MaxTextConfig::capacity_factor},
+    {"load_balance_loss_weight", &MaxTextConfig::load_balance_loss_weight},
+    {"n_routing_groups", &MaxTextConfig::n_routing_groups},
+    {"topk_routing_group", &MaxTextConfig::topk_routing_group},
+    {"attention_type", &MaxTextConfig::attention_type},
+    {"q_lora_rank", &MaxTextConfig::q_lora_rank},
+    {"kv_lora_rank", &MaxTextConfig::kv_lora_rank},
+    {"qk_nope_head_dim", &MaxTextConfig::qk_nope_head_dim},
+    {"qk_rope_head_dim", &MaxTextConfig::qk_rope_head_dim},
+    {"v_head_dim", &MaxTextConfig::v_head_dim},
+    {"opt_type", &MaxTextConfig::opt_type},
+};
+
+// The base_* sizes, each scaled by its share of global_parameter_scale (MaxText's
+// get_individual_scales: embeddings, heads, mlp, layers).
+enum Scale { kEmb, kHeads, kMlp, kLayers };
+struct ScaledKey {
+  const char* name;
+  int64_t MaxTextConfig::*field;
+  Scale scale;
+};
+const ScaledKey kScaledKeys[] = {
+    {"base_emb_dim", &MaxTextConfig::emb_dim, kEmb},
+    {"base_num_query_heads", &MaxTextConfig::num_query_heads, kHeads},
+    {"base_num_kv_heads", &MaxTextConfig::num_kv_heads, kHeads},
+    {"base_mlp_dim", &MaxTextConfig::mlp_dim, kMlp},
+    {"base_moe_mlp_dim", &MaxTextConfig::moe_mlp_dim, kMlp},
+    {"base_num_decoder_layers", &MaxTextConfig::num_decoder_layers, kLayers},
+};
+
+void read(const Settings& s, const char* key, int64_t& out) { out = s.integer(key); }
+void read(const Settings& s, const char* key, double& out) { out = s.real(key); }
+void read(const Settings& s, const char* key, bool& out) { out = s.boolean(key); }
+void read(const Settings& s, const char* key, std::string& out) { out = s.str(key); }
+void read(const Settings& s, const char* key, DType& out) { out = s.dtype(key); }
+void read(const Settings& s, const char* key, std::vector<std::string>& out) { out = s.strings(key); }
 
 }  // namespace
 
@@ -322,70 +398,17 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
   c.model_name = model_name;
   c.source = source;
   c.decoder_block = s.str("decoder_block");
-  if (!supported_blocks().contains(c.decoder_block)) {
+  const maxtext::Family* family = maxtext::find_family(c.decoder_block);
+  if (!family) {
     const Setting& at = s.at("decoder_block");
     fail(at.source, at.node, fmt::format("decoder_block '{}' is not one tessel builds (known: {})", c.decoder_block,
-                                         join(supported_blocks())));
+                                         maxtext::family_names()));
   }
-  const auto [emb_scale, head_scale, mlp_scale, layer_scale] = individual_scales(s.integer("global_parameter_scale"));
-  c.emb_dim = scaled(s.integer("base_emb_dim"), emb_scale, "base_emb_dim");
-  c.num_query_heads = scaled(s.integer("base_num_query_heads"), head_scale, "base_num_query_heads");
-  c.num_kv_heads = scaled(s.integer("base_num_kv_heads"), head_scale, "base_num_kv_heads");
-  c.mlp_dim = scaled(s.integer("base_mlp_dim"), mlp_scale, "base_mlp_dim");
-  c.moe_mlp_dim = scaled(s.integer("base_moe_mlp_dim"), mlp_scale, "base_moe_mlp_dim");
-  c.num_decoder_layers = scaled(s.integer("base_num_decoder_layers"), layer_scale, "base_num_decoder_layers");
-  c.head_dim = s.integer("head_dim");
-  c.vocab_size = s.integer("vocab_size");
-  c.mlp_activations = s.strings("mlp_activations");
-  c.mlp_activations_limit = s.real("mlp_activations_limit");
-  c.logits_via_embedding = s.boolean("logits_via_embedding");
-  c.normalize_embedding_logits = s.boolean("normalize_embedding_logits");
-  c.use_qk_norm = s.boolean("use_qk_norm");
-  c.scan_layers = s.boolean("scan_layers");
-  c.param_scan_axis = s.integer("param_scan_axis");
-  c.weight_dtype = s.dtype("weight_dtype");
-  c.dtype = s.dtype("dtype");
+  c.family = family->family;
+  const std::array<int64_t, 4> scales = individual_scales(s.integer("global_parameter_scale"));
+  for (const ScaledKey& k : kScaledKeys) c.*k.field = scaled(s.integer(k.name), scales[k.scale], k.name);
+  for (const Key& k : kKeys) std::visit([&](auto field) { read(s, k.name, c.*field); }, k.field);
   c.mu_dtype = s.str("mu_dtype").empty() ? c.weight_dtype : s.dtype("mu_dtype");
-  c.normalization_layer_epsilon = s.real("normalization_layer_epsilon");
-  c.rope_max_timescale = s.real("rope_max_timescale");
-  c.rope_type = s.str("rope_type");
-  c.rope_use_scale = s.boolean("rope_use_scale");
-  c.rope_min_timescale = s.real("rope_min_timescale");
-  c.rope_linear_scaling_factor = s.real("rope_linear_scaling_factor");
-  c.max_position_embeddings = s.integer("max_position_embeddings");
-  c.original_max_position_embeddings = s.integer("original_max_position_embeddings");
-  c.rope_factor = s.real("rope_factor");
-  c.beta_fast = s.real("beta_fast");
-  c.beta_slow = s.real("beta_slow");
-  c.mscale = s.real("mscale");
-  c.rope_interleave = s.boolean("rope_interleave");
-  c.rope_truncate = s.boolean("rope_truncate");
-  c.rope_attention_scaling = s.boolean("rope_attention_scaling");
-  c.dense_init_scale = s.real("dense_init_scale");
-  c.attention_bias = s.boolean("attention_bias");
-  c.attention_sink = s.boolean("attention_sink");
-  c.sliding_window_size = s.integer("sliding_window_size");
-  c.inhomogeneous_layer_cycle_interval = s.integer("inhomogeneous_layer_cycle_interval");
-  c.num_experts = s.integer("num_experts");
-  c.num_experts_per_tok = s.integer("num_experts_per_tok");
-  c.shared_experts = s.integer("shared_experts");
-  c.first_num_dense_layers = s.integer("first_num_dense_layers");
-  c.routed_bias = s.boolean("routed_bias");
-  c.mlp_bias = s.boolean("mlp_bias");
-  c.routed_score_func = s.str("routed_score_func");
-  c.routed_scaling_factor = s.real("routed_scaling_factor");
-  c.norm_topk_prob = s.boolean("norm_topk_prob");
-  c.capacity_factor = s.real("capacity_factor");
-  c.load_balance_loss_weight = s.real("load_balance_loss_weight");
-  c.n_routing_groups = s.integer("n_routing_groups");
-  c.topk_routing_group = s.integer("topk_routing_group");
-  c.attention_type = s.str("attention_type");
-  c.q_lora_rank = s.integer("q_lora_rank");
-  c.kv_lora_rank = s.integer("kv_lora_rank");
-  c.qk_nope_head_dim = s.integer("qk_nope_head_dim");
-  c.qk_rope_head_dim = s.integer("qk_rope_head_dim");
-  c.v_head_dim = s.integer("v_head_dim");
-  c.opt_type = s.str("opt_type");
   if (s.has("context_parallel_strategy")) c.context_parallel_strategy = s.str("context_parallel_strategy");
   if (s.has("context_sharding")) c.context_sharding = s.str("context_sharding");
 
@@ -429,12 +452,12 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
   check(c.param_scan_axis >= 0 && c.param_scan_axis <= 3, src,
         fmt::format("param_scan_axis must be in [0, 3], got {}", c.param_scan_axis));
   check(c.num_experts >= 1, src, fmt::format("num_experts must be positive, got {}", c.num_experts));
-  const bool moe_block = c.decoder_block == "deepseek" || c.decoder_block == "gpt_oss" ||
-                         c.decoder_block == "mixtral" || c.decoder_block == "qwen3_moe";
   if (c.is_moe()) {
-    check(moe_block, src, fmt::format("num_experts = {} needs a mixture-of-experts decoder_block (deepseek, gpt_oss, "
-                                      "mixtral, qwen3_moe); "
-                                      "'{}' has none", c.num_experts, c.decoder_block));
+    std::string moe_blocks;
+    for (const maxtext::Family& f : maxtext::families())
+      if (f.moe) moe_blocks += (moe_blocks.empty() ? "" : ", ") + std::string(f.decoder_block);
+    check(family->moe, src, fmt::format("num_experts = {} needs a mixture-of-experts decoder_block ({}); '{}' has none",
+                                        c.num_experts, moe_blocks, c.decoder_block));
     check(c.moe_mlp_dim > 0, src, "moe_mlp_dim must be positive for MoE models (num_experts > 1): set base_moe_mlp_dim");
     check(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.num_experts, src,
           fmt::format("num_experts_per_tok must be in [1, num_experts = {}], got {}", c.num_experts,
@@ -444,10 +467,10 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
           fmt::format("for a fully MoE model, base_mlp_dim must equal base_moe_mlp_dim (got {} and {})",
                       s.integer("base_mlp_dim"), s.integer("base_moe_mlp_dim")));
   } else {
-    check(!moe_block, src, fmt::format("decoder_block '{}' is a mixture of experts: num_experts must be > 1",
+    check(!family->moe, src, fmt::format("decoder_block '{}' is a mixture of experts: num_experts must be > 1",
                                        c.decoder_block));
   }
-  if (c.decoder_block == "deepseek") {
+  if (c.family == MaxTextFamily::kDeepseek) {
     check(c.is_mla(), src, "decoder_block 'deepseek' uses MLA attention: attention_type must be 'mla'");
     check(c.first_num_dense_layers >= 0 && c.first_num_dense_layers <= c.num_decoder_layers, src,
           fmt::format("first_num_dense_layers must be in [0, {}], got {}", c.num_decoder_layers,
@@ -455,7 +478,7 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
     check(c.shared_experts >= 0, src, "shared_experts must not be negative");
   }
   if (c.is_mla()) {
-    check(c.decoder_block == "deepseek", src, "attention_type 'mla' is built for decoder_block 'deepseek' only");
+    check(c.family == MaxTextFamily::kDeepseek, src, "attention_type 'mla' is built for decoder_block 'deepseek' only");
     check(c.num_query_heads == c.num_kv_heads, src, "MLA requires equal numbers of query and kv heads");
     for (auto [name, v] : {std::pair{"kv_lora_rank", c.kv_lora_rank}, {"qk_nope_head_dim", c.qk_nope_head_dim},
                            {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim}})
@@ -466,7 +489,7 @@ MaxTextConfig parse_maxtext_config(std::string_view base_text, std::string_view 
         fmt::format("load_balance_loss_weight must not be negative, got {}", c.load_balance_loss_weight));
   check(std::isfinite(c.capacity_factor), src, "capacity_factor must be a number (<= 0: dropless)");
   check(c.inhomogeneous_layer_cycle_interval >= 1, src, "inhomogeneous_layer_cycle_interval must be positive");
-  if (c.decoder_block == "gpt_oss" && c.scan_layers)
+  if (c.family == MaxTextFamily::kGptOss && c.scan_layers)
     check(c.num_decoder_layers % c.inhomogeneous_layer_cycle_interval == 0, src,
           fmt::format("scanned gpt_oss layers come in blocks of inhomogeneous_layer_cycle_interval = {}, which must "
                       "divide the {} layers", c.inhomogeneous_layer_cycle_interval, c.num_decoder_layers));

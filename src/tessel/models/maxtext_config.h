@@ -36,9 +36,13 @@ struct MaxTextSources {
   std::optional<std::filesystem::path> rules;  // custom mesh_axes + logical_axis_rules
 };
 
+// The decoder families tessel builds, by MaxText's decoder_block.
+enum class MaxTextFamily { kLlama2, kQwen3, kMixtral, kQwen3Moe, kDeepseek, kGptOss };
+
 struct MaxTextConfig {
   std::string model_name;     // the model file's stem ("qwen3-0.6b"), or base.yml's model_name
-  std::string decoder_block;  // llama2, qwen3, deepseek, gpt_oss, mixtral, qwen3_moe
+  std::string decoder_block;  // llama2, qwen3, mixtral, qwen3_moe, deepseek, gpt_oss
+  MaxTextFamily family = MaxTextFamily::kLlama2;  // decoder_block's
   // Sizes after global_parameter_scale.
   int64_t emb_dim = 0, num_query_heads = 0, num_kv_heads = 0, head_dim = 0, mlp_dim = 0;
   int64_t moe_mlp_dim = 0, num_decoder_layers = 0, vocab_size = 0;

@@ -51,7 +51,7 @@ ops::TopK choose(const MaxTextConfig& c, const Tensor& gate_logits, const Tensor
   } else {
     top = ops::top_k(gate_logits, k);
   }
-  if (c.decoder_block == "deepseek") {
+  if (c.family == MaxTextFamily::kDeepseek) {
     if (c.routed_score_func == "sigmoid")
       top.values = ops::div(top.values, ops::add_scalar(ops::sum(top.values, last, true), 1e-20));
     top.values = ops::scale(top.values, c.routed_scaling_factor);
@@ -83,8 +83,8 @@ Tensor experts_forward(const MaxTextConfig& c, const Weights& w, const Tensor& w
   Tensor up = biased(ops::matmul(rows, w("wi_1")), "wi_1");
   // apply_ffn_activation: gpt-oss and DeepSeek V4 clip both projections at the limit first.
   const double limit = c.mlp_activations_limit;
-  const bool gpt_oss = c.decoder_block == "gpt_oss";
-  if (limit > 0 && (gpt_oss || c.decoder_block == "deepseek")) {
+  const bool gpt_oss = c.family == MaxTextFamily::kGptOss;
+  if (limit > 0 && (gpt_oss || c.family == MaxTextFamily::kDeepseek)) {
     gate = ops::clip(gate, -std::numeric_limits<double>::infinity(), limit);
     up = ops::clip(up, -limit, limit);
   }
