@@ -344,7 +344,8 @@ void bind_checkpoint(nb::module_& m) {
       .def_ro("arrays", &VerifyReport::arrays)
       .def_ro("chunks", &VerifyReport::chunks)
       .def_ro("bytes", &VerifyReport::bytes)
-      .def_ro("checksums", &VerifyReport::checksums);
+      .def_ro("checksums", &VerifyReport::checksums)
+      .def_ro("unchecked", &VerifyReport::unchecked);
   nb::class_<ItemView>(m, "Item", "An opened checkpoint item.")
       .def_prop_ro("dir", &ItemView::dir)
       .def_prop_ro("storage", [](const ItemView& v) { return v.item.storage(); })

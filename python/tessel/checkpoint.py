@@ -422,8 +422,10 @@ def info(path: str, *, step: int | None = None, item: str | None = None) -> dict
 
 def verify(path: str, *, step: int | None = None, item: str | None = None) -> dict:
     """Reads every chunk and checks sizes, decoding and CRC-32C. Returns the report; its
-    "faults" list names each bad chunk (empty when the item is sound)."""
+    "faults" list names each bad chunk (empty when the item is sound). "unchecked" counts the
+    chunks with no checksum to compare (Orbax writes none): read and decoded, but a flipped byte
+    in them goes unnoticed."""
     opened = _tessel.open_item(os.fspath(path), step, item)
     r = opened.verify()
     return {"faults": list(r.faults), "arrays": r.arrays, "chunks": r.chunks, "bytes": r.bytes,
-            "checksums": r.checksums, "item": opened.dir}
+            "checksums": r.checksums, "unchecked": r.unchecked, "item": opened.dir}

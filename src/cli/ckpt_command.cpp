@@ -126,6 +126,12 @@ void verify_command(const CkptArgs& a) {
   for (const auto& f : r.faults) std::cout << "FAULT " << f << "\n";
   std::cout << fmt::format("{}: {} arrays, {} chunks, {} read, {} checksums compared, {} faults\n", item.string(), r.arrays,
                            r.chunks, text_util::format_bytes(r.bytes), r.checksums, r.faults.size());
+  if (r.unchecked > 0) {
+    std::cout << fmt::format("not checked: {} of the {} chunks have no checksum (Orbax writes none; tessel writes a "
+                             "CRC-32C per chunk): they were read and decoded, but a flipped byte in them goes "
+                             "unnoticed\n",
+                             r.unchecked, r.chunks);
+  }
   if (!r.faults.empty()) throw Error(fmt::format("{} faults in '{}'", r.faults.size(), item.string()));
 }
 

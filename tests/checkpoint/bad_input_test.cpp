@@ -69,6 +69,7 @@ TEST(CheckpointBadInput, BitFlipsFailTheChecksumNamingParameterAndChunk) {
     EXPECT_THAT(r.faults[0], HasSubstr("'enc/w' chunk 1.0"));
     EXPECT_EQ(r.chunks, 4);
     EXPECT_EQ(r.checksums, 4);
+    EXPECT_EQ(r.unchecked, 0);
   }
 }
 

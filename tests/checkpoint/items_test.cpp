@@ -59,7 +59,9 @@ TEST(Items, AnyNameHoldingArraysIsAnItem) {
               ThrowsMessage<ValueError>(AllOf(HasSubstr("holds no arrays"), HasSubstr("JsonCheckpointHandler"))));
   EXPECT_THAT([&] { find_item_dir(step, std::nullopt, "params"); },
               ThrowsMessage<ValueError>(AllOf(HasSubstr("no item 'params'"), HasSubstr("'items', 'meta'"))));
-  EXPECT_THAT([&] { find_item_dir(step / "items", std::nullopt, "items"); },
+  // The item itself with its own name is that item (MaxText users pass both); another name is not.
+  EXPECT_EQ(find_item_dir(step / "items", std::nullopt, "items"), step / "items");
+  EXPECT_THAT([&] { find_item_dir(step / "items", std::nullopt, "meta"); },
               ThrowsMessage<ValueError>(HasSubstr("--item is for a step directory")));
 }
 
@@ -94,6 +96,17 @@ TEST(Items, AStepSavedAsABareItemIsItsOwnItem) {
   EXPECT_EQ(find_item_dir(tmp.path(), 7), tmp.path() / "7");
   EXPECT_THAT([&] { find_item_dir(tmp.path(), std::nullopt, "default"); },
               ThrowsMessage<ValueError>(HasSubstr("is a single item")));
+}
+
+TEST(Items, AnItemNamedAsItsStepNamesItIsFoundWithItsName) {
+  Runtime rt = Runtime::host(4);
+  TempDir tmp;
+  fs::create_directories(tmp.path() / "4");
+  save(tmp.path() / "4" / "items", small_state(rt));
+  for (const fs::path& given : {tmp.path() / "4" / "items", tmp.path() / "4" / "items/"})
+    EXPECT_TRUE(fs::equivalent(find_item_dir(given, std::nullopt, "items"), tmp.path() / "4" / "items"));
+  EXPECT_THAT([&] { find_item_dir(tmp.path() / "4" / "items", std::nullopt, "default"); },
+              ThrowsMessage<ValueError>(HasSubstr("is a single checkpoint item")));
 }
 
 TEST(Items, MalformedCheckpointMetadataIsAParseError) {

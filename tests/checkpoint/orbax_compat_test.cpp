@@ -78,6 +78,9 @@ TEST(OrbaxCompat, ReadableCheckpointsRestoreOntoAnyMesh) {
     const VerifyReport report = verify(CheckpointItem::open(item));
     EXPECT_TRUE(report.faults.empty()) << report.faults.front();
     EXPECT_EQ(report.chunks, 2);
+    // Orbax wrote no checksum into these: said, not hidden.
+    EXPECT_EQ(report.checksums, 0);
+    EXPECT_EQ(report.unchecked, 2);
     const auto info = CheckpointItem::open(item).describe();
     ASSERT_EQ(info.size(), 2u);
     EXPECT_EQ(info[0].shape, Shape({8}));

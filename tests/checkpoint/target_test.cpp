@@ -23,6 +23,7 @@ State restore_target(const std::filesystem::path& dir, const Mesh& mesh, TargetS
 }
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 using testing::TempDir;
@@ -129,6 +130,22 @@ TEST(ForeignTarget, SpecsFromMaxTextsNamedDumpOrAPlainMap) {
   o.specs = load_target_specs(s->tmp.path() / "other.json");
   EXPECT_THAT([&] { restore_target(s->item(), mesh, o); },
               ThrowsMessage<ValueError>(HasSubstr("name none of the arrays")));
+}
+
+TEST(ForeignTarget, OneDeviceTakesAnySavedSpecAndGivenSpecsNeedTheirAxes) {
+  Runtime rt = Runtime::host(8);
+  auto s = save_foreign(rt);
+  // On one device nothing is split: the saved specs' axes x, y need not exist there.
+  const Mesh one = Mesh::parse("host=1");
+  const State target = restore_target(s->item(), one);
+  for (const auto& [path, v] : target) EXPECT_TRUE(v.sharding()->is_fully_replicated()) << path;
+  expect_values(restore(rt, s->item(), target), *s, one);
+  // A given spec naming an axis the target mesh lacks says how to give the mesh its axes.
+  TargetSpec o;
+  o.specs = {{"params/params/decoder/mlp/wi/kernel", PartitionSpec{{"data"}, {"fsdp"}}}};
+  EXPECT_THAT([&] { restore_target(s->item(), Mesh::parse("fsdp=8"), o); },
+              ThrowsMessage<ValueError>(AllOf(HasSubstr("params/params/decoder/mlp/wi/kernel"), HasSubstr("data"),
+                                              HasSubstr("--rules"))));
 }
 
 TEST(ForeignTarget, LogicalAxesFromMaxTextsLogicalDumpWithRules) {

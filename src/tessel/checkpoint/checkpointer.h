@@ -187,6 +187,7 @@ struct VerifyReport {
   int64_t chunks = 0;
   int64_t bytes = 0;
   int64_t checksums = 0;  // chunks whose CRC-32C was compared
+  int64_t unchecked = 0;  // chunks read and decoded with no checksum to compare (Orbax's own)
 };
 VerifyReport verify(const CheckpointItem& item);
 

@@ -55,6 +55,7 @@ VerifyReport verify(const CheckpointItem& item) {
           }
         }
         if (z.chunk_checksum()) report.checksums += 1;
+        if (it == p.crc32c.end() && !z.chunk_checksum()) report.unchecked += 1;
         std::vector<std::byte> decoded(static_cast<size_t>(z.chunk_bytes()));
         decompress(z.compression(), strip_chunk_crc(*source, key, stored), decoded, chunk_what(*source, key));
       } catch (const Error& e) {

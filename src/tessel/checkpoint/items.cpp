@@ -27,6 +27,12 @@ std::optional<int64_t> parse_step(const std::string& name) {
   return step;
 }
 
+// The last component of a path, with or without a trailing '/'.
+std::string last_name(const fs::path& p) {
+  const fs::path n = p.lexically_normal();
+  return (n.has_filename() ? n.filename() : n.parent_path().filename()).string();
+}
+
 bool is_plain_dir(const fs::directory_entry& e) { return e.is_directory() && !e.is_symlink(); }
 
 std::map<std::string, std::string> item_handlers(const fs::path& step_dir) {
@@ -149,7 +155,10 @@ fs::path find_item_dir(const fs::path& given, std::optional<int64_t> step, const
   }
   if (is_item_dir(path)) {
     if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint item");
-    if (item) throw ValueError("--item is for a step directory; '" + path.string() + "' is a single checkpoint item");
+    // The item itself, named as its step names it (run/checkpoints/4/items with --item items).
+    if (item && last_name(path) != *item) {
+      throw ValueError("--item is for a step directory; '" + path.string() + "' is a single checkpoint item");
+    }
     return path;
   }
   const std::vector<int64_t> steps = list_steps(path);

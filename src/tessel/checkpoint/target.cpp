@@ -98,7 +98,8 @@ std::optional<NamedSharding> place(const ParamMetadata& p, const Variable& v, co
       const Mesh& mesh = *spec.mesh;
       if (!v.partitioning().empty() && (rules || v.partitioning().mesh_axes))
         return resolve_sharding(v.partitioning(), v.shape(), mesh, rules ? *rules : LogicalRules{}, spec.resolve, p.path);
-      if (!v.sharding()) return NamedSharding(mesh, PartitionSpec{});
+      // On one device nothing is split: any saved spec is a full copy there.
+      if (!v.sharding() || mesh.device_count() == 1) return NamedSharding(mesh, PartitionSpec{});
       const PartitionSpec saved = map_axes(v.sharding()->spec(), spec.axis_map, mesh);
       if (const auto missing = missing_axes(saved, mesh); !missing.empty()) {
         foreign.push_back(fmt::format("{} {} (saved {} on {}; {} lacks {})", p.path, type_string(v.dtype(), v.shape()),
@@ -167,6 +168,13 @@ State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optio
       s = it->second;
       s->device_box(s->mesh().device_ids().front(), v.shape());  // checks the sharding fits the shape
     } else if (auto sp = spec.specs.find(p->path); sp != spec.specs.end()) {
+      if (const auto missing = missing_axes(sp->second, *spec.mesh); !missing.empty()) {
+        throw ValueError(fmt::format(
+            "the target spec of '{}', {}, names mesh axes {} lacks ({}): give the target mesh those axes (with "
+            "--rules, e.g. MaxText's base.yml, the mesh has each of the rules' mesh_axes, of size 1 unless --mesh "
+            "sizes it)",
+            p->path, sp->second.to_string(), spec.mesh->to_string(), fmt::join(missing, ", ")));
+      }
       s = NamedSharding(*spec.mesh, sp->second);
       s->device_box(spec.mesh->device_ids().front(), v.shape());
     } else if (auto la = spec.logical_axes.find(p->path); la != spec.logical_axes.end()) {
