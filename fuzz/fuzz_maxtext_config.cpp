@@ -10,6 +10,7 @@
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
 #include "tessel/models/maxtext.h"
+#include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/state/init.h"
 #include "tessel/state/plan.h"
 

@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (ASan + UBSan) and fuzzes each for SECONDS (default 60):
-# the sharding parsers (rules, dumps, specs, meshes), the model config parser and the checkpoint
-# metadata parsers, chunk decoders, OCDBT manifests and nodes, zarr3 shard indexes, safetensors
-# headers, key maps and MaxText model files (over MaxText's base.yml).
-# Usage: scripts/fuzz.sh [SECONDS]. Findings land in build-fuzz/findings/; the script fails on one.
+# Fuzzes each libFuzzer target for SECONDS (default 60): the sharding parsers (rules, dumps, specs,
+# meshes), the model config parser and the checkpoint metadata parsers, chunk decoders, OCDBT
+# manifests and nodes, zarr3 shard indexes, safetensors headers, key maps and MaxText model files
+# (over MaxText's base.yml).
+# Usage: scripts/fuzz.sh [SECONDS [BUILD_DIR]]. BUILD_DIR: a clang build configured with
+# -DTESSEL_BUILD_FUZZ=ON and the sanitizers (scripts/test.sh's build-san); without it the script
+# configures build-fuzz (clang, ASan + UBSan) itself. Findings land in BUILD_DIR/findings/; the
+# script fails on one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
-build=$root/build-fuzz
+build=${2:-$root/build-fuzz}
+targets=(fuzz_sharding_parsers fuzz_model_config fuzz_checkpoint fuzz_safetensors fuzz_key_map fuzz_maxtext_config)
 mkdir -p "$build"
-CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSEL_BUILD_FUZZ=ON \
-  -DTESSEL_BUILD_TESTS=OFF -DTESSEL_BUILD_BENCH=OFF \
-  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target fuzz_sharding_parsers fuzz_model_config fuzz_checkpoint fuzz_safetensors fuzz_key_map \
-  fuzz_maxtext_config
+if [ $# -lt 2 ]; then
+  CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSEL_BUILD_FUZZ=ON \
+    -DTESSEL_BUILD_TESTS=OFF -DTESSEL_BUILD_BENCH=OFF \
+    -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+fi
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 mkdir -p "$build/findings"
 # target:seed corpus. 4 KB inputs at most; 10 s per input at most (a hang is a finding); 2 GB RSS.
 for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model fuzz_checkpoint:corpus_checkpoint \
@@ -25,6 +30,6 @@ for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model fuzz_che
   # MaxText's own model files seed the MaxText reader (read from the shared test data, not copied in).
   [ "$corpus" = corpus_maxtext ] && cp -n "$root/../shared/testdata/maxtext/models/"*.yml "$build/$corpus/" 2>/dev/null || true
   echo "== $target, $seconds s"
-  "$build/fuzz/$target" "$build/$corpus" -max_total_time="$seconds" -max_len=4096 \
+  ASAN_OPTIONS=detect_leaks=1 "$build/fuzz/$target" "$build/$corpus" -max_total_time="$seconds" -max_len=4096 \
     -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/findings/$target-" -print_final_stats=1 2>&1 | tail -n 15
 done

@@ -184,7 +184,8 @@ TEST(Zarr3, UnsupportedMetadataIsNamed) {
       {"[]", "non-empty list"},
   };
   for (const auto& [codecs, message] : bad) {
-    EXPECT_THAT([&] { parse(codecs); }, ::testing::ThrowsMessage<ValueError>(HasSubstr(message))) << codecs;
+    const auto parse_codecs = [&parse, &codecs = codecs] { parse(codecs); };
+    EXPECT_THAT(parse_codecs, ::testing::ThrowsMessage<ValueError>(HasSubstr(message))) << codecs;
   }
   EXPECT_THAT([&] { ZarrArray::parse(R"({"zarr_format":3,"shape":[8]})", "w/zarr.json"); },
               ::testing::ThrowsMessage<ValueError>(HasSubstr("w/zarr.json: missing 'data_type'")));

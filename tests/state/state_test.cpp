@@ -93,7 +93,8 @@ TEST(State, SplitAndMergeRoundTrip) {
 
   EXPECT_THAT([&] { s.split({Filter::kind(kParam)}); },
               ThrowsMessage<ValueError>(HasSubstr("matches none of the filters")));
-  EXPECT_THAT([&] { State::merge({params, params}); }, ThrowsMessage<ValueError>(HasSubstr("more than one state")));
+  const auto merge_twice = [&params = params] { State::merge({params, params}); };
+  EXPECT_THAT(merge_twice, ThrowsMessage<ValueError>(HasSubstr("more than one state")));
 }
 
 TEST(State, RandomSplitsMergeBack) {
