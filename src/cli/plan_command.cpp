@@ -25,6 +25,7 @@ namespace {
 struct PlanArgs {
   ModelArgs model;
   std::string mesh, optimizer = "none", replica_axes = "data,diloco", dump_shardings;
+  bool nnx_aux = false;
   bool gradients = false, json = false, list_params = false, check = false;
   bool remove_size_one = false, drop_indivisible = false, strict = false;
   double tolerance = 0.02;
@@ -89,7 +90,7 @@ void run(const PlanArgs& a) {
   if (!a.dump_shardings.empty()) {
     const auto* m = std::get_if<MaxTextConfig>(&config.config);
     if (!m) throw ValueError("--dump-shardings writes MaxText's TrainState: give a MaxText model (--model with --base)");
-    write_maxtext_shardings(maxtext_train_state(*m, abstract), a.dump_shardings);
+    write_maxtext_shardings(maxtext_train_state(*m, abstract, a.nnx_aux), a.dump_shardings);
   }
   std::string text = a.json ? p.to_json() : p.to_string() + (a.list_params ? params_table(p) : "");
   if (a.init_seed) {
@@ -129,6 +130,9 @@ void add_plan_command(CLI::App& app) {
   path_option(cmd->add_option("--dump-shardings", args->dump_shardings,
                               "Write logical_shardings.json and named_shardings.json of the TrainState here, in "
                               "MaxText's sharding_dump.py format (MaxText models)"));
+  cmd->add_flag("--nnx-aux", args->nnx_aux,
+                "With --dump-shardings: also what MaxText 0.2.5 (NNX) checkpoints keep under nnx_aux (RNG state, "
+                "DeepSeek V3's routing bias)");
   cmd->add_option("--optimizer", args->optimizer, "none, sgd (momentum) or adamw; implies gradients")
       ->check(CLI::IsMember({"none", "sgd", "sgd_momentum", "adamw"}));
   cmd->add_flag("--gradients", args->gradients, "Count one gradient per parameter");

@@ -58,34 +58,41 @@ std::string duration(double seconds) {
   return fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-// The parameters of the checkpoint at `path` (tessel's tree at its top, MaxText's under
-// params/params/ or params/) placed as `abstract`'s parameters (cast to their dtypes), and a fresh
-// optimizer state: the start of a fine-tuning run.
+// The parameters of the checkpoint at `path` placed as `abstract`'s parameters (cast to their
+// dtypes), and a fresh optimizer state: the start of a fine-tuning run. The checkpoint holds them as
+// tessel's tree at its top, as MaxText's TrainState under params/params/ (or params/), or as
+// MaxText 0.2.5's parameter-only checkpoint (each parameter an NNX Variable's `value`).
 State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const State& abstract, const std::string& path,
                            std::string* note) {
   const CheckpointItem item = CheckpointItem::find(path);
   const State saved = item.abstract_state();
   const State params = std::get<0>(abstract.split(Filter::kind(kParam), Filter::all()));
-  auto first_missing = [&](const std::string& prefix) -> std::optional<std::string> {
+  struct Layout {
+    std::string prefix, suffix;
+  };
+  auto first_missing = [&](const Layout& l) -> std::optional<std::string> {
     for (const auto& [p, v] : params)
-      if (!saved.contains(prefix + p)) return prefix + p;
+      if (!saved.contains(l.prefix + p + l.suffix)) return l.prefix + p + l.suffix;
     return std::nullopt;
   };
-  const std::vector<std::string> prefixes = {"", "params/params/", "params/"};
-  const auto prefix = std::find_if(prefixes.begin(), prefixes.end(), [&](const auto& p) { return !first_missing(p); });
-  if (prefix == prefixes.end())
+  const std::vector<Layout> layouts = {{"", ""}, {"params/params/", ""}, {"params/", ""}, {"", "/value"}};
+  const auto layout = std::find_if(layouts.begin(), layouts.end(), [&](const Layout& l) { return !first_missing(l); });
+  if (layout == layouts.end())
     throw ValueError(fmt::format("--init-from {}: the checkpoint does not hold this model's parameters at its top, "
-                                 "under params/params/ or under params/ (it lacks '{}')",
-                                 item.dir().string(), *first_missing("")));
+                                 "under params/params/ or params/, or as MaxText 0.2.5's parameter-only checkpoint "
+                                 "(<path>/value) (it lacks '{}')",
+                                 item.dir().string(), *first_missing(layouts.front())));
   State target;
-  for (const auto& [p, v] : params) target.insert(*prefix + p, v);
+  for (const auto& [p, v] : params) target.insert(layout->prefix + p + layout->suffix, v);
   RestoreOptions options;
   options.partial = true;
   const State restored = restore(rt, item, target, options);
   State placed;
-  for (const auto& [p, v] : params) placed.insert(p, restored.at(*prefix + p));
-  *note = fmt::format("  initialized {} parameters from {}{}\n", params.size(), item.dir().string(),
-                      prefix->empty() ? "" : " (under " + prefix->substr(0, prefix->size() - 1) + ")");
+  for (const auto& [p, v] : params) placed.insert(p, restored.at(layout->prefix + p + layout->suffix));
+  const std::string where = !layout->suffix.empty() ? " (MaxText 0.2.5's parameter-only layout)"
+                            : layout->prefix.empty() ? ""
+                                                     : " (under " + layout->prefix.substr(0, layout->prefix.size() - 1) + ")";
+  *note = fmt::format("  initialized {} parameters from {}{}\n", params.size(), item.dir().string(), where);
   return State::merge({placed, nn::init_optimizer(t.optimizer(), placed)});
 }
 
@@ -212,6 +219,9 @@ void train(const TrainArgs& a) {
   std::string resumed;
 
   const bool maxtext_layout = a.layout == "maxtext";
+  // MaxText 0.2.5 keeps DeepSeek V3's routing bias under nnx_aux: saved so, read either way.
+  const auto* maxtext_config = std::get_if<MaxTextConfig>(&model.config);
+  const bool aux_bias = maxtext_config && maxtext_aux_routing_bias(*maxtext_config);
   if (maxtext_layout && a.optimizer != "adamw")
     throw ValueError("--layout maxtext saves MaxText's TrainState, whose opt_state is AdamW's: use --optimizer adamw");
   if (const auto* m = std::get_if<MaxTextConfig>(&model.config); m && m->mu_dtype != m->weight_dtype)
@@ -239,10 +249,24 @@ void train(const TrainArgs& a) {
     start = *latest;
     if (maxtext_layout) {
       int64_t saved = 0;
-      state = from_maxtext_layout(ckpt->restore(rt, *latest, maxtext_layout_target(abstract)), abstract, &saved);
-      if (saved != start)
-        throw ValueError(fmt::format("{}: the TrainState's step is {}, the directory's {}",
+      // MaxText 0.2.5 also keeps its RNG state (nnx_aux), which tessel's training does not use.
+      RestoreOptions partial;
+      partial.partial = true;
+      bool saved_aux = false;
+      if (aux_bias) {
+        const CheckpointItem item = CheckpointItem::open(ckpt->item_dir(*latest, kMaxTextItem));
+        for (const auto& [path, v] : abstract)
+          saved_aux = saved_aux || (!maxtext_aux_bias_path(path).empty() && item.metadata().find(maxtext_aux_bias_path(path)));
+      }
+      state = from_maxtext_layout(ckpt->restore(rt, *latest, maxtext_layout_target(abstract, saved_aux), partial),
+                                  abstract, &saved, saved_aux);
+      // The saved step counts the updates: MaxText's directory N holds step N + 1 (it saves after
+      // the update), tessel's holds step N.
+      if (saved != start + 1 && saved != start)
+        throw ValueError(fmt::format("{}: the TrainState's step is {}, the directory's {} (MaxText's directory N "
+                                     "holds step N + 1)",
                                      ckpt->step_dir(start).string(), saved, start));
+      start = saved;
     } else {
       state = ckpt->restore(rt, *latest, abstract);
     }
@@ -254,7 +278,7 @@ void train(const TrainArgs& a) {
       throw ValueError(fmt::format("checkpoint step {} records data position {}: the checkpoint is inconsistent",
                                    start, position.step));
     }
-    resumed = fmt::format("  resumed step {} from {} onto {} in {:.2f} s\n", start, ckpt->step_dir(start).string(),
+    resumed = fmt::format("  resumed step {} from {} onto {} in {:.2f} s\n", start, ckpt->step_dir(*latest).string(),
                              mesh.to_string(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } else {
     if (ckpt && latest && !a.resume) {
@@ -271,7 +295,7 @@ void train(const TrainArgs& a) {
     at.step = step;
     const std::map<std::string, std::string> items{{"data", at.to_json(data ? &*data : nullptr)}};
     if (maxtext_layout) {
-      ckpt->save_async(step, to_maxtext_layout(rt, state, step), items);
+      ckpt->save_async(step, to_maxtext_layout(rt, state, step, aux_bias), items);
     } else {
       ckpt->save_async(step, state, items);
     }

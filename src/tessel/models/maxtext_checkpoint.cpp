@@ -9,8 +9,11 @@
 #include "tessel/detail/file_util.h"
 #include "tessel/detail/json_util.h"
 #include "tessel/detail/text_util.h"
+#include "tessel/models/detail/maxtext_families.h"
 #include "tessel/nn/optimizer.h"
+#include "tessel/ops/ops.h"
 #include "tessel/runtime/array.h"
+#include "tessel/runtime/reshard.h"
 #include "tessel/sharding/detail/spec_json.h"
 
 namespace tessel {
@@ -30,12 +33,68 @@ std::string dict_key(const std::vector<std::string>& parts) {
 
 constexpr const char* kParamsPrefix = "params/params/";
 
+
+// MaxText 0.2.5's nnx_aux: the state of every nnx.Rngs the model holds (streams aqt, dropout and
+// params; a uint32 count and an unsafe_rbg key of 4 words, stacked over a scanned stack's units),
+// unsharded; its MoEBiasVar routing biases (DeepSeek V3's score correction) move there from the
+// parameters, stacked first, without optimizer moments.
+void append_nnx_aux(const MaxTextConfig& c, const std::optional<Mesh>& mesh, std::vector<MaxTextStateEntry>& out) {
+  const std::optional<NamedSharding> replicated =
+      mesh ? std::optional(NamedSharding(*mesh, PartitionSpec{})) : std::nullopt;
+  auto add = [&](const std::vector<std::string>& parts, Shape shape, DType dtype) {
+    std::string path = "nnx_aux/model";
+    for (const std::string& p : parts) path += "/" + p;
+    LogicalAxes logical(shape.rank());  // unsharded
+    out.push_back({".nnx_aux/['model']" + dict_key(parts), path, "", std::move(shape), dtype, std::move(logical),
+                   replicated});
+  };
+  auto rngs = [&](std::vector<std::string> at, std::optional<int64_t> stacked) {
+    for (const char* stream : {"aqt", "dropout", "params"}) {
+      std::vector<std::string> parts = at;
+      parts.insert(parts.end(), {"rngs", stream, "count"});
+      add(parts, stacked ? Shape{*stacked} : Shape{}, DType::kU32);
+      parts.back() = "key";
+      add(parts, stacked ? Shape{*stacked, 4} : Shape{4}, DType::kU32);
+    }
+  };
+  const maxtext::Family& family = maxtext::family_of(c);
+  const bool aux_bias = maxtext_aux_routing_bias(c);
+  for (const maxtext::Stack& s : family.stacks(c)) {
+    const int64_t units = s.count / family.layers_per_unit(c);
+    for (int64_t u = 0; u < (c.scan_layers ? 1 : units); ++u) {
+      const std::string unit = c.scan_layers ? s.name : s.name + "_" + std::to_string(u);
+      const std::optional<int64_t> stacked = c.scan_layers ? std::optional(units) : std::nullopt;
+      for (const std::string& holder : family.rng_holders(s.moe)) {
+        std::vector<std::string> at{"decoder", unit};
+        for (std::string_view part : text_util::split(holder, '/'))
+          if (!part.empty()) at.emplace_back(part);
+        rngs(at, stacked);
+      }
+      if (aux_bias && s.moe) {
+        add({"decoder", unit, "DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"},
+            stacked ? Shape{*stacked, c.num_experts} : Shape{c.num_experts}, c.weight_dtype);
+      }
+    }
+  }
+  rngs({"decoder"}, std::nullopt);
+}
+
 }  // namespace
 
-std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& c, const State& state) {
+std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& c, const State& state, bool nnx_aux) {
   if (c.opt_type != "adamw")
     throw ValueError(fmt::format("opt_type '{}': tessel builds MaxText's TrainState for adamw only", c.opt_type));
-  return maxtext_train_state(state, c.mu_dtype);
+  std::vector<MaxTextStateEntry> out = maxtext_train_state(state, c.mu_dtype);
+  if (!nnx_aux) return out;
+  std::optional<Mesh> mesh;
+  for (const auto& [path, v] : state)
+    if (v.sharding()) mesh = v.sharding()->mesh();
+  if (maxtext_aux_routing_bias(c)) {
+    // The routing bias is no parameter there: no params/params entry, no mu, no nu.
+    std::erase_if(out, [](const MaxTextStateEntry& e) { return e.orbax_path.ends_with("/MoeBlock_0/gate/bias"); });
+  }
+  append_nnx_aux(c, mesh, out);
+  return out;
 }
 
 std::vector<MaxTextStateEntry> maxtext_train_state(const State& state, std::optional<DType> mu_dtype) {
@@ -74,7 +133,43 @@ std::vector<MaxTextStateEntry> maxtext_train_state(const State& state, std::opti
   return out;
 }
 
-State to_maxtext_layout(const Runtime& rt, const State& train_state, int64_t step) {
+bool maxtext_aux_routing_bias(const MaxTextConfig& c) {
+  return c.routed_bias && c.family == MaxTextFamily::kDeepseek && c.moe_bias_is_aux();
+}
+
+std::string maxtext_aux_bias_path(const std::string& path) {
+  const bool bias = path.ends_with("/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias") && path.starts_with("decoder/");
+  return bias ? "nnx_aux/model/" + path : std::string();
+}
+
+namespace {
+
+// A routing bias of a scanned stack is [experts, layers] in tessel's state, [layers, experts] in
+// nnx_aux; an unscanned layer's is [experts] either way.
+Array flipped(const Array& a) {
+  if (a.shape().rank() != 2) return a;
+  return ops::transpose(Tensor(a), {1, 0}).array();
+}
+
+NamedSharding flipped(const NamedSharding& s, size_t rank) {
+  if (rank != 2) return s;
+  const PartitionSpec& spec = s.spec();
+  const DimSharding first = spec.size() > 0 ? spec[0] : DimSharding{};
+  const DimSharding second = spec.size() > 1 ? spec[1] : DimSharding{};
+  return NamedSharding(s.mesh(), PartitionSpec({second, first}));
+}
+
+Shape flipped(const Shape& shape) { return shape.rank() == 2 ? Shape{shape[1], shape[0]} : shape; }
+
+// AdamW's moments of the routing bias: entries the layouts handle apart when it is under nnx_aux.
+bool is_bias_moment(const MaxTextStateEntry& e) {
+  return (e.tessel_path.starts_with("opt_state/mu/") || e.tessel_path.starts_with("opt_state/nu/")) &&
+         !maxtext_aux_bias_path(e.tessel_path.substr(13)).empty();
+}
+
+}  // namespace
+
+State to_maxtext_layout(const Runtime& rt, const State& train_state, int64_t step, bool aux_routing_bias) {
   if (step < 0 || step > std::numeric_limits<int32_t>::max())
     throw ValueError(fmt::format("step {} does not fit MaxText's int32 step counter", step));
   State out;
@@ -89,29 +184,63 @@ State to_maxtext_layout(const Runtime& rt, const State& train_state, int64_t ste
     if (!train_state.contains(e.tessel_path))
       throw ValueError(fmt::format("MaxText's layout holds AdamW's state: the train state has no '{}' (train with "
                                    "--optimizer adamw)", e.tessel_path));
+    if (aux_routing_bias && is_bias_moment(e)) continue;
+    if (const std::string aux = aux_routing_bias ? maxtext_aux_bias_path(e.tessel_path) : ""; !aux.empty()) {
+      const Variable& v = train_state.at(e.tessel_path);
+      out.insert(aux, Variable(v.kind(), flipped(v.array(e.tessel_path))));
+      continue;
+    }
     out.insert(e.orbax_path, train_state.at(e.tessel_path));
   }
   return out;
 }
 
-State maxtext_layout_target(const State& abstract) {
+State maxtext_layout_target(const State& abstract, bool aux_routing_bias) {
   State out;
   for (const MaxTextStateEntry& e : maxtext_train_state(abstract)) {
     if (e.tessel_path.empty()) {
       out.insert(e.orbax_path, Variable::abstract(nn::kOptState, Shape{}, DType::kI32, e.sharding));
-    } else {
-      if (!abstract.contains(e.tessel_path))
-        throw ValueError(fmt::format("MaxText's layout holds AdamW's state: the train state has no '{}'", e.tessel_path));
-      out.insert(e.orbax_path, abstract.at(e.tessel_path).to_abstract());
+      continue;
     }
+    if (!abstract.contains(e.tessel_path))
+      throw ValueError(fmt::format("MaxText's layout holds AdamW's state: the train state has no '{}'", e.tessel_path));
+    if (aux_routing_bias && is_bias_moment(e)) continue;
+    const Variable& v = abstract.at(e.tessel_path);
+    if (const std::string aux = aux_routing_bias ? maxtext_aux_bias_path(e.tessel_path) : ""; !aux.empty()) {
+      std::optional<NamedSharding> s;
+      if (v.sharding()) s = flipped(*v.sharding(), v.shape().rank());
+      out.insert(aux, Variable::abstract(v.kind(), flipped(v.shape()), v.dtype(), s));
+      continue;
+    }
+    out.insert(e.orbax_path, v.to_abstract());
   }
   return out;
 }
 
-State from_maxtext_layout(const State& restored, const State& abstract, int64_t* step) {
+State from_maxtext_layout(const State& restored, const State& abstract, int64_t* step, bool aux_routing_bias) {
   State out;
   std::optional<int64_t> saved;
   for (const MaxTextStateEntry& e : maxtext_train_state(abstract)) {
+    if (aux_routing_bias && !e.tessel_path.empty()) {
+      const Variable& want = abstract.at(e.tessel_path);
+      if (is_bias_moment(e)) {  // MaxText does not train the bias: its moments start at zero
+        const Array any = restored.begin()->second.array();
+        out.insert(e.tessel_path,
+                   Variable(want.kind(),
+                            make_array_from_callback(any.runtime(), want.shape(), want.dtype(), *want.sharding(),
+                                                     [](const Box&, std::span<std::byte> b) {
+                                                       std::fill(b.begin(), b.end(), std::byte{0});
+                                                     }),
+                            want.partitioning()));
+        continue;
+      }
+      if (const std::string aux = maxtext_aux_bias_path(e.tessel_path); !aux.empty()) {
+        if (!restored.contains(aux)) throw ValueError(fmt::format("the checkpoint's TrainState has no '{}'", aux));
+        const Array back = reshard(flipped(restored.at(aux).array(aux)), *want.sharding());
+        out.insert(e.tessel_path, Variable(want.kind(), back, want.partitioning()));
+        continue;
+      }
+    }
     if (!restored.contains(e.orbax_path))
       throw ValueError(fmt::format("the checkpoint's TrainState has no '{}'", e.orbax_path));
     const Variable& v = restored.at(e.orbax_path);

@@ -37,8 +37,12 @@ struct MaxTextStateEntry {
 // `mu_dtype` (default: the parameter's), nu in the parameter's dtype, the counters int32 scalars
 // replicated on the mesh.
 std::vector<MaxTextStateEntry> maxtext_train_state(const State& state, std::optional<DType> mu_dtype = std::nullopt);
-// The same with the config's mu_dtype; throws ValueError for an opt_type other than adamw.
-std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& config, const State& state);
+// The same with the config's mu_dtype; throws ValueError for an opt_type other than adamw. With
+// `nnx_aux`, as MaxText 0.2.5 (NNX) checkpoints it: also the state it keeps under nnx_aux, each
+// nnx.Rngs' counts and unsafe_rbg keys (uint32, unsharded) and DeepSeek V3's routing bias (a
+// MoEBiasVar there, stacked first: [layers, experts], no optimizer moments).
+std::vector<MaxTextStateEntry> maxtext_train_state(const MaxTextConfig& config, const State& state,
+                                                   bool nnx_aux = false);
 
 // Checkpoints in MaxText's layout: Orbax's CheckpointManager item "items" holding the TrainState
 // (params/params/..., opt_state/0/{count, mu, nu}, opt_state/1 empty, opt_state/2/count, step),
@@ -50,12 +54,23 @@ inline constexpr const char* kMaxTextEmptyNode = "opt_state/1";
 // A tessel train state (params and AdamW's opt_state/mu, opt_state/nu) at `step` as the TrainState
 // tree, the counters as int32 scalars on the params' mesh. Throws ValueError for a state without
 // AdamW's moments.
-State to_maxtext_layout(const Runtime& rt, const State& train_state, int64_t step);
+// With `aux_routing_bias` (MaxText 0.2.5's DeepSeek V3 and later: maxtext_aux_routing_bias), the
+// routing bias goes under nnx_aux as [layers, experts], without its optimizer moments.
+State to_maxtext_layout(const Runtime& rt, const State& train_state, int64_t step, bool aux_routing_bias = false);
 // The restore target for such a checkpoint: `abstract_train_state`'s shardings under MaxText's paths.
-State maxtext_layout_target(const State& abstract_train_state);
+State maxtext_layout_target(const State& abstract_train_state, bool aux_routing_bias = false);
 // Back to tessel's paths; `step` receives the saved step. Throws ValueError for a tree that is not
 // an AdamW TrainState of these parameters.
-State from_maxtext_layout(const State& restored, const State& abstract_train_state, int64_t* step);
+// With `aux_routing_bias`, the routing bias comes from nnx_aux and its AdamW moments start at zero
+// (MaxText does not train it).
+State from_maxtext_layout(const State& restored, const State& abstract_train_state, int64_t* step,
+                          bool aux_routing_bias = false);
+// Whether MaxText 0.2.5 keeps this config's routing bias under nnx_aux (DeepSeek V3 and later,
+// with routed_bias).
+bool maxtext_aux_routing_bias(const MaxTextConfig& config);
+// The nnx_aux path of a routing bias parameter ("decoder/moe_layers/.../gate/bias"), or "" for
+// any other path.
+std::string maxtext_aux_bias_path(const std::string& tessel_path);
 
 // logical_shardings.json and named_shardings.json in sharding_dump.py's format, from an abstract
 // (or concrete) state placed on a mesh. Throws IoError naming a file that cannot be written.

@@ -95,6 +95,11 @@ struct MaxTextConfig {
   // DeepSeek V3's routing (moe.py, deepseek_routing): experts chosen by the biased scores and
   // weighted by the unbiased ones, for model names deepseek3* and deepseek4*.
   bool deepseek_routing() const { return model_name.starts_with("deepseek3") || model_name.starts_with("deepseek4"); }
+  // MaxText 0.2.5 keeps these models' gate bias as a MoEBiasVar (updated from the routing, not
+  // trained), not a parameter: under nnx_aux in its checkpoints.
+  bool moe_bias_is_aux() const {
+    return model_name.starts_with("deepseek3") || model_name.starts_with("deepseek4") || model_name.starts_with("kimi-k2");
+  }
   // The mesh MaxText builds for `devices` devices (num_slices slices): per mesh axis
   // ici * dcn, one -1 per kind filled with what is left. Throws ValueError when the sizes do not
   // multiply to the device count.

@@ -15,6 +15,19 @@ std::vector<Stack> dense_then_moe(const MaxTextConfig& c) {
 
 int64_t one_layer(const MaxTextConfig&) { return 1; }
 
+template <const char* Holder>
+std::vector<std::string> holds(bool) {
+  return {Holder};
+}
+constexpr char kSelfAttention[] = "self_attention";
+constexpr char kMoeBlock[] = "MoeBlock_0";
+constexpr char kQwen3MoeBlock[] = "moe_block";
+constexpr char kGptOssAttention[] = "layers_0/GptOssAttention";
+
+std::vector<std::string> deepseek_holders(bool moe) {
+  return moe ? std::vector<std::string>{"DeepSeekMoeBlock_0/MoeBlock_0"} : std::vector<std::string>{""};
+}
+
 template <Module (*Build)(std::string, const MaxTextConfig&)>
 Module plain(std::string name, const MaxTextConfig& c, bool) {
   return Build(std::move(name), c);
@@ -24,19 +37,23 @@ const std::vector<Family> kFamilies = {
     {MaxTextFamily::kLlama2, "llama2", false, one_stack, plain<llama2_layer>, plain<llama2_layer>, one_layer,
      [](const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t, bool, std::vector<Tensor>&) {
        return llama2_layer_forward(c, w, x);
-     }},
+     },
+     holds<kSelfAttention>},
     {MaxTextFamily::kQwen3, "qwen3", false, one_stack, plain<qwen3_layer>, plain<qwen3_layer>, one_layer,
      [](const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t, bool, std::vector<Tensor>&) {
        return qwen3_layer_forward(c, w, x);
-     }},
+     },
+     holds<kSelfAttention>},
     {MaxTextFamily::kMixtral, "mixtral", true, one_stack, plain<mixtral_layer>, plain<mixtral_layer>, one_layer,
      [](const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t, bool, std::vector<Tensor>& aux) {
        return mixtral_layer_forward(c, w, x, aux);
-     }},
+     },
+     holds<kMoeBlock>},
     {MaxTextFamily::kQwen3Moe, "qwen3_moe", true, one_stack, plain<qwen3_moe_layer>, plain<qwen3_moe_layer>, one_layer,
      [](const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t, bool, std::vector<Tensor>& aux) {
        return qwen3_moe_layer_forward(c, w, x, aux);
-     }},
+     },
+     holds<kQwen3MoeBlock>},
     {MaxTextFamily::kDeepseek, "deepseek", true, dense_then_moe,
      [](std::string name, const MaxTextConfig& c, bool moe) {
        return moe ? deepseek_moe_layer(std::move(name), c) : deepseek_dense_layer(std::move(name), c);
@@ -47,12 +64,14 @@ const std::vector<Family> kFamilies = {
      one_layer,
      [](const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t, bool moe, std::vector<Tensor>& aux) {
        return deepseek_layer_forward(c, w, x, moe, aux);
-     }},
+     },
+     deepseek_holders},
     {MaxTextFamily::kGptOss, "gpt_oss", true, one_stack, plain<gpt_oss_layer>, plain<gpt_oss_block>,
      [](const MaxTextConfig& c) { return c.inhomogeneous_layer_cycle_interval; },
      [](const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t index, bool, std::vector<Tensor>& aux) {
        return gpt_oss_layer_forward(c, w, x, index, aux);
-     }},
+     },
+     holds<kGptOssAttention>},
 };
 
 }  // namespace

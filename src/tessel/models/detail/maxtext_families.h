@@ -38,6 +38,10 @@ struct Family {
   // losses to `aux`.
   Tensor (*forward)(const MaxTextConfig& c, const Weights& w, const Tensor& x, int64_t index, bool moe,
                     std::vector<Tensor>& aux);
+  // The modules of one scan unit that hold an nnx.Rngs in MaxText 0.2.5 (its checkpoints keep
+  // their state under nnx_aux): paths inside the unit, "" the unit itself. Read off MaxText's own
+  // checkpoints (tests/python/test_maxtext_peer.py compares them).
+  std::vector<std::string> (*rng_holders)(bool moe);
 };
 
 const std::vector<Family>& families();
