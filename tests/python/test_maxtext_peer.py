@@ -7,7 +7,8 @@ CPU: a tiny model of each family tessel builds trains a few steps with checkpoin
   state and DeepSeek V3's routing bias included), shape and sharding (axes of size 1 aside, which
   shard nothing);
 - resumes the run with `tessel train --resume` (MaxText's directory N holds step N + 1, and its
-  nnx_aux state, which tessel does not train, is left out of the restore).
+  nnx_aux state, which tessel does not train, is left out of the restore);
+- starts a run with `tessel train --init-from` MaxText's parameter-only checkpoint (two families).
 
 One ctest per family (tests/CMakeLists.txt), so they run in parallel.
 """
@@ -54,7 +55,9 @@ MAXTEXT_TIMEOUT = 600
 
 def maxtext_env():
     env = dict(os.environ)
-    env.update({"DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu",
+    # MaxText's train sets unsafe_rbg itself (its checkpoints' RNG keys are 4 words); its other
+    # tools read those checkpoints only with the same.
+    env.update({"DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu", "JAX_DEFAULT_PRNG_IMPL": "unsafe_rbg",
                 "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
     env.pop("PYTHONPATH", None)
     return env
@@ -92,14 +95,18 @@ def maxtext():
     return maxtext_dir()
 
 
-def train_maxtext(maxtext, family, out):
+def maxtext_args(maxtext, family, out, run_name):
     model, sets = overrides(family)
-    args = [MAXTEXT_PYTHON, "-m", "maxtext.trainers.pre_train.train", os.path.join(maxtext, "configs", "base.yml"),
-            f"run_name={family}", f"base_output_directory={out}", "dataset_type=synthetic", f"steps={STEPS}",
-            f"checkpoint_period={PERIOD}", "hardware=cpu", "skip_jax_distributed_system=true",
-            "attention=dot_product", f"model_name={model}", "override_model_config=true",
-            "async_checkpointing=false", "enable_checkpointing=true", "max_target_length=32",
-            "per_device_batch_size=1", f"jax_cache_dir={os.path.join(out, 'jax_cache')}"] + sets
+    return [os.path.join(maxtext, "configs", "base.yml"), f"run_name={run_name}", f"base_output_directory={out}",
+            "hardware=cpu", "skip_jax_distributed_system=true", "attention=dot_product", f"model_name={model}",
+            "override_model_config=true", "max_target_length=32", "per_device_batch_size=1",
+            f"jax_cache_dir={os.path.join(out, 'jax_cache')}"] + sets
+
+
+def train_maxtext(maxtext, family, out):
+    args = [MAXTEXT_PYTHON, "-m", "maxtext.trainers.pre_train.train"] + maxtext_args(maxtext, family, out, family) + [
+        "dataset_type=synthetic", f"steps={STEPS}", f"checkpoint_period={PERIOD}", "async_checkpointing=false",
+        "enable_checkpointing=true"]
     rc, log = run_bounded(args, MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=out)
     assert rc == 0, f"MaxText's train of {family} failed:\n{log[-4000:]}"
     losses = [float(m) for m in re.findall(r"completed step: \d+, .*? loss: ([0-9.]+)", log)]
@@ -223,6 +230,29 @@ def check_resume(family, maxtext, root, tmp):
     assert tessel_paths == {p for p in maxtext_paths if "/rngs/" not in p}, sorted(tessel_paths ^ maxtext_paths)[:10]
 
 
+def check_init_from(family, maxtext, root, tmp):
+    """MaxText 0.2.5's parameter-only checkpoint (generate_param_only_checkpoint: each parameter an
+    NNX variable's value, bfloat16) starts a tessel run."""
+    model, sets = overrides(family)
+    args = [MAXTEXT_PYTHON, "-m", "maxtext.utils.generate_param_only_checkpoint"] + maxtext_args(
+        maxtext, family, tmp, "params_only") + [f"load_full_state_path={os.path.join(root, str(STEPS - 1), 'items')}"]
+    rc, log = run_bounded(args, MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=tmp)
+    assert rc == 0, f"MaxText's generate_param_only_checkpoint of {family} failed:\n{log[-4000:]}"
+    args = [cli(), "train", "--model", os.path.join(maxtext, "configs", "models", model + ".yml"), "--base",
+            os.path.join(maxtext, "configs", "base.yml"), "--init-from",
+            os.path.join(tmp, "params_only", "checkpoints"), "--mesh", "fsdp=4,tensor=2", "--steps", "1",
+            "--batch", "8", "--seq", "32"]
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (family, r.stderr[-3000:])
+    assert "(MaxText 0.2.5's parameter-only layout)" in r.stdout, r.stdout
+
+
+# Families whose parameter-only checkpoint is checked too (it takes MaxText another run).
+INIT_FROM = {"llama3.1", "qwen3_moe"}
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_maxtext_run_read_described_and_resumed_by_tessel(family, maxtext, tmp_path, capsys):
     root, losses = train_maxtext(maxtext, family, str(tmp_path))
@@ -230,6 +260,9 @@ def test_maxtext_run_read_described_and_resumed_by_tessel(family, maxtext, tmp_p
     restored = check_restore(family, root)
     described = check_dump(family, maxtext, root, str(tmp_path))
     check_resume(family, maxtext, root, str(tmp_path))
+    if family in INIT_FROM:
+        check_init_from(family, maxtext, root, str(tmp_path))
     with capsys.disabled():
         print(f"\n{family}: MaxText's losses {losses}; {restored} arrays restored onto 2 meshes bit for bit, "
-              f"{described} TrainState entries described alike, resumed by tessel")
+              f"{described} TrainState entries described alike, resumed by tessel"
+              + (", its parameter-only checkpoint started tessel" if family in INIT_FROM else ""))
