@@ -31,7 +31,8 @@ namespace {
 namespace fs = std::filesystem;
 
 struct CkptArgs {
-  std::string dir, dst, mesh, rules, paths, path, out, compression = "none", to, dtype;
+  std::string dir, dst, mesh, paths, path, out, compression = "none", to, dtype;
+  ModelArgs model;                                 // --rules, or a MaxText model's merged rules
   std::string logical_axes, shardings, axis_map;  // targets for foreign checkpoints
   std::string select, rename;                      // subtrees, and where they go
   std::string map, map_vars;                       // convert: a key map between two trees
@@ -148,11 +149,25 @@ struct Target {
   TargetSpec spec;
 };
 
+// A MaxText model's rules as MaxText merges them for it (base.yml's, the model file's, --rules as
+// a custom mesh-and-rule file), else --rules, else the rules saved with the checkpoint.
+std::optional<LogicalRules> target_rules(const CkptArgs& a, const CheckpointItem& item) {
+  if (!a.model.model.empty() || !a.model.base.empty()) {
+    if (a.model.base.empty())
+      throw ValueError("--model here is MaxText's model file, whose rules place the target: give --base (MaxText's base.yml) too");
+    const ModelConfig model = load_model(a.model);
+    return std::get<MaxTextConfig>(model.config).rules;
+  }
+  if (!a.model.sets.empty()) throw ValueError("--set overrides a MaxText config: give --model and --base too");
+  if (!a.model.rules.empty()) return load_rules(a.model.rules);
+  return item.metadata().rules;
+}
+
 // The target of a restore onto --mesh (see make_target): the rules given, else the saved ones,
 // also declare the mesh's axis order; no --mesh: one device.
 TargetSpec target_spec(const CkptArgs& a, const CheckpointItem& item) {
   TargetSpec spec;
-  spec.rules = a.rules.empty() ? item.metadata().rules : load_rules(a.rules);
+  spec.rules = target_rules(a, item);
   const bool declared = spec.rules && !spec.rules->mesh_axes().empty();
   spec.mesh = a.mesh.empty() ? one_device_mesh(spec.rules)
               : declared     ? Mesh::parse(a.mesh, spec.rules->mesh_axes())
@@ -353,7 +368,11 @@ void add_ckpt_command(CLI::App& app) {
     auto* m = c->add_option("--mesh", args->mesh, required ? "Target mesh, e.g. data=2,tensor=4"
                                                            : "Mesh to restore onto on the way (default: one device)");
     if (required) m->required();
-    path_option(c->add_option("--rules", args->rules, "Logical axis rules (default: the rules saved with the checkpoint)"));
+    add_model_options(c, args->model,
+                      "MaxText's model file (with --base): the rules MaxText merges for it resolve --logical-axes "
+                      "and the saved logical axes",
+                      "Logical axis rules (default: the rules saved with the checkpoint); with --model, MaxText's "
+                      "custom mesh-and-rule file");
     c->add_option("--paths", args->paths, "Only these parameters (comma-separated paths)");
     c->add_option("--select", args->select,
                   "Only the parameters matching these globs (comma-separated; '.' or '/' between levels), "

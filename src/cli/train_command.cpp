@@ -58,40 +58,19 @@ std::string duration(double seconds) {
   return fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-// The parameters of the checkpoint at `path` placed as `abstract`'s parameters (cast to their
-// dtypes), and a fresh optimizer state: the start of a fine-tuning run. The checkpoint holds them as
-// tessel's tree at its top, as MaxText's TrainState under params/params/ (or params/), or as
-// MaxText 0.2.5's parameter-only checkpoint (each parameter an NNX Variable's `value`).
+// The parameters of the checkpoint at `path` placed as `abstract`'s parameters, and a fresh
+// optimizer state: the start of a fine-tuning run.
 State init_from_checkpoint(const Runtime& rt, const models::Trainer& t, const State& abstract, const std::string& path,
                            std::string* note) {
   const CheckpointItem item = CheckpointItem::find(path);
-  const State saved = item.abstract_state();
   const State params = std::get<0>(abstract.split(Filter::kind(kParam), Filter::all()));
-  struct Layout {
-    std::string prefix, suffix;
-  };
-  auto first_missing = [&](const Layout& l) -> std::optional<std::string> {
-    for (const auto& [p, v] : params)
-      if (!saved.contains(l.prefix + p + l.suffix)) return l.prefix + p + l.suffix;
-    return std::nullopt;
-  };
-  const std::vector<Layout> layouts = {{"", ""}, {"params/params/", ""}, {"params/", ""}, {"", "/value"}};
-  const auto layout = std::find_if(layouts.begin(), layouts.end(), [&](const Layout& l) { return !first_missing(l); });
-  if (layout == layouts.end())
-    throw ValueError(fmt::format("--init-from {}: the checkpoint does not hold this model's parameters at its top, "
-                                 "under params/params/ or params/, or as MaxText 0.2.5's parameter-only checkpoint "
-                                 "(<path>/value) (it lacks '{}')",
-                                 item.dir().string(), *first_missing(layouts.front())));
-  State target;
-  for (const auto& [p, v] : params) target.insert(layout->prefix + p + layout->suffix, v);
-  RestoreOptions options;
-  options.partial = true;
-  const State restored = restore(rt, item, target, options);
+  std::string where;
   State placed;
-  for (const auto& [p, v] : params) placed.insert(p, restored.at(layout->prefix + p + layout->suffix));
-  const std::string where = !layout->suffix.empty() ? " (MaxText 0.2.5's parameter-only layout)"
-                            : layout->prefix.empty() ? ""
-                                                     : " (under " + layout->prefix.substr(0, layout->prefix.size() - 1) + ")";
+  try {
+    placed = params_from_checkpoint(rt, item, params, &where);
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("--init-from {}", e.what()));
+  }
   *note = fmt::format("  initialized {} parameters from {}{}\n", params.size(), item.dir().string(), where);
   return State::merge({placed, nn::init_optimizer(t.optimizer(), placed)});
 }
@@ -295,7 +274,12 @@ void train(const TrainArgs& a) {
     at.step = step;
     const std::map<std::string, std::string> items{{"data", at.to_json(data ? &*data : nullptr)}};
     if (maxtext_layout) {
-      ckpt->save_async(step, to_maxtext_layout(rt, state, step, aux_bias), items);
+      // MaxText saves after an update: its directory N holds step N + 1 (step 0 only in directory 0).
+      // A directory that holds step N already (tessel's numbering before 0.2.5's) keeps N + 1 apart.
+      int64_t dir = std::max<int64_t>(step - 1, 0);
+      const std::vector<int64_t> have = ckpt->all_steps();
+      if (std::find(have.begin(), have.end(), dir) != have.end()) dir = step;
+      ckpt->save_async(dir, to_maxtext_layout(rt, state, step, aux_bias), items);
     } else {
       ckpt->save_async(step, state, items);
     }

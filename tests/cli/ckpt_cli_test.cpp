@@ -168,3 +168,58 @@ TEST(CkptCli, ReadsOrbaxCheckpoints) {
 
 }  // namespace
 }  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// MaxText merges a model file's logical_axis_rules over base.yml's (llama2-7b.yml: norm -> fsdp);
+// given the model file, a restore by MaxText's logical_shardings.json places as MaxText does.
+TEST(CkptCli, LogicalAxesResolveWithTheRulesMaxTextMergesForTheModel) {
+  const std::string base = testing::testdata("maxtext/base.yml").string();
+  const std::string model = " --model " + testing::testdata("maxtext/models/llama2-7b.yml").string() + " --base " + base;
+  const std::string tiny = " --set base_emb_dim=32 --set base_num_query_heads=4 --set base_num_kv_heads=4"
+                           " --set head_dim=8 --set base_mlp_dim=64 --set base_num_decoder_layers=2 --set vocab_size=256";
+  testing::TempDir dir;
+  const fs::path run_dir = dir.path() / "run", dump = dir.path() / "dump";
+  Result r = run("train" + model + tiny + " --batch 8 --seq 16 --mesh fsdp=8 --steps 1 --layout maxtext"
+                 " --checkpoint-dir " + run_dir.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("plan" + model + tiny + " --mesh fsdp=2,tensor=4 --optimizer adamw --dump-shardings " + dump.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto specs = [&](const std::string& name, const std::string& target) {
+    const fs::path dst = dir.path() / name;
+    Result s = run("ckpt reshard " + run_dir.string() + " " + dst.string() + " --item items --mesh fsdp=2,tensor=4" + target);
+    EXPECT_EQ(s.rc, 0) << s.err;
+    std::map<std::string, std::string> out;
+    Result info = run("ckpt info --json " + dst.string());
+    EXPECT_EQ(info.rc, 0) << info.err;
+    if (info.rc != 0) return out;
+    const auto j = nlohmann::json::parse(info.out);
+    for (const auto& p : j["params"]) out[p["path"]] = p["saved_sharding"];
+    return out;
+  };
+  const auto by_model = specs("by_model", " --logical-axes " + (dump / "logical_shardings.json").string() + model + tiny);
+  const auto named = specs("named", " --shardings " + (dump / "named_shardings.json").string() + model + tiny);
+  const auto by_base = specs("by_base", " --logical-axes " + (dump / "logical_shardings.json").string() + " --rules " + base);
+  ASSERT_GT(by_model.size(), 20u);
+  EXPECT_EQ(by_model, named);
+  // base.yml's rules alone put the norms elsewhere: the model file's rule is what placed them.
+  ASSERT_EQ(by_base.size(), by_model.size());
+  int norms = 0;
+  for (const auto& [path, spec] : by_model) {
+    if (by_base.at(path) == spec) continue;
+    EXPECT_THAT(path, HasSubstr("norm")) << spec << " vs " << by_base.at(path);
+    EXPECT_THAT(spec, HasSubstr("'fsdp'")) << path;
+    ++norms;
+  }
+  EXPECT_GT(norms, 0);
+  expect_one_line_error(run("ckpt reshard " + run_dir.string() + " " + (dir.path() / "x").string() +
+                            " --item items --mesh fsdp=8 --model " + testing::testdata("maxtext/models/llama2-7b.yml").string()),
+                        1, "give --base");
+  expect_one_line_error(run("ckpt reshard " + run_dir.string() + " " + (dir.path() / "x").string() +
+                            " --item items --mesh fsdp=8 --set vocab_size=256"),
+                        1, "--set overrides a MaxText config");
+}
+
+}  // namespace
+}  // namespace tessel

@@ -125,8 +125,10 @@ TEST(TrainCli, MaxTextDenseModelsTrainAndSaveMaxTextsLayout) {
                  " --mesh fsdp=4,tensor=2 --steps 3 --layout maxtext --checkpoint-dir " + ckpt);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("tessel train: maxtext:llama2"));
-  EXPECT_TRUE(std::filesystem::exists(dir.path() / "ckpt" / "3" / "items" / "_METADATA"));
-  const std::string meta = testing::read_file(dir.path() / "ckpt" / "3" / "items" / "_METADATA");
+  // MaxText's numbering: directory N holds the state after N + 1 updates.
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "ckpt" / "2" / "items" / "_METADATA"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "ckpt" / "3"));
+  const std::string meta = testing::read_file(dir.path() / "ckpt" / "2" / "items" / "_METADATA");
   EXPECT_THAT(meta, HasSubstr("('params', 'params', 'decoder', 'layers', 'mlp', 'wi_0', 'kernel')"));
   EXPECT_THAT(meta, HasSubstr("('opt_state', '0', 'mu', 'params', 'token_embedder', 'embedding')"));
   EXPECT_THAT(meta, HasSubstr("('opt_state', '2', 'count')"));

@@ -109,8 +109,10 @@ def test_orbax_restores_tessels_checkpoint_into_maxtexts_train_state(rng, tmp):
     ckpt = os.path.join(tmp, "ckpt")
     run(["train"] + args + ["--mesh", mesh, "--steps", "2", "--batch", "8", "--seq", "8", "--checkpoint-dir", ckpt,
                            "--layout", "maxtext"])
-    assert sorted(os.listdir(os.path.join(ckpt, "2"))) == ["_CHECKPOINT_METADATA", "commit_success.txt", "data", "items"]
-    restored = orbax_restore(ckpt, 2, target)
+    # MaxText's numbering: directory N holds the state after N + 1 updates.
+    assert [d for d in sorted(os.listdir(ckpt)) if not d.startswith(".")] == ["1"]
+    assert sorted(os.listdir(os.path.join(ckpt, "1"))) == ["_CHECKPOINT_METADATA", "commit_success.txt", "data", "items"]
+    restored = orbax_restore(ckpt, 1, target)
     assert int(restored.step) == 2
     assert int(restored.opt_state[0].count) == 2 and int(restored.opt_state[2].count) == 2
     for got, want in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(target)):
@@ -130,10 +132,11 @@ def test_tessel_resumes_from_a_train_state_orbax_wrote(rng, tmp):
     ours = os.path.join(tmp, "ours")
     run(train + ["--mesh", first, "--stop-at", "2", "--checkpoint-dir", ours])
     # Orbax reads tessel's step 2 and writes it again, as a MaxText run's own checkpoint (no data item).
-    state = orbax_restore(ours, 2, abstract_train_state(dump))
+    state = orbax_restore(ours, 1, abstract_train_state(dump))
+    assert int(state.step) == 2
     theirs = os.path.join(tmp, "theirs")
     with ocp.CheckpointManager(theirs, item_names=("items",)) as manager:
-        manager.save(2, args=ocp.args.Composite(items=ocp.args.PyTreeSave(state)))
+        manager.save(1, args=ocp.args.Composite(items=ocp.args.PyTreeSave(state)))
         manager.wait_until_finished()
     losses = []
     for extra in (["--checkpoint-dir", theirs, "--resume"], []):
@@ -160,7 +163,7 @@ def test_parameter_only_checkpoint_restores_into_maxtexts_decode_state(rng, tmp)
     target = train_state.TrainState(step=0, apply_fn=None, params=params, tx=None, opt_state={})
     got = orbax_restore(decode, 0, target)
     # The trained parameters, rounded to bfloat16: compare with tessel's own restore of them.
-    saved = os.path.join(ckpt, "1", "items" if layout == "maxtext" else "default")
+    saved = os.path.join(ckpt, "0", "items") if layout == "maxtext" else os.path.join(ckpt, "1", "default")
     want = tessel.checkpoint.restore(saved)
     flat_got = {"/".join(str(k.key) for k in path): leaf
                 for path, leaf in jax.tree_util.tree_flatten_with_path(got.params["params"])[0]}

@@ -8,7 +8,15 @@ CPU: a tiny model of each family tessel builds trains a few steps with checkpoin
   shard nothing);
 - resumes the run with `tessel train --resume` (MaxText's directory N holds step N + 1, and its
   nnx_aux state, which tessel does not train, is left out of the restore);
-- starts a run with `tessel train --init-from` MaxText's parameter-only checkpoint (two families).
+- starts a run with `tessel train --init-from` MaxText's parameter-only checkpoint (three families);
+
+and MaxText
+
+- loads tessel's parameter-only checkpoint (`ckpt convert --to maxtext-params`) with
+  from_pretrained, as its inference and RL tools do: its logits and loss on its synthetic batch
+  equal `tessel.forward`'s on the same parameters (1e-5; MaxText's bfloat16 rounding of a tied
+  embedding table in the logits applied to tessel's, see as_maxtext_logits);
+- continues the run from tessel's last step: its first loss equals tessel's on that batch (1e-5).
 
 One ctest per family (tests/CMakeLists.txt), so they run in parallel.
 """
@@ -49,6 +57,9 @@ FAMILIES = {
                                      "base_mlp_dim": 64, "base_moe_mlp_dim": 64}),
     "gpt_oss": ("gpt-oss-20b", {**TINY, **MOE, "sliding_window_size": 8}),
 }
+# MaxText-only settings. DeepSeek V3's routing bias moves only by MaxText's loss-free balancing
+# update (no gradient reaches it): a rate makes it non-zero, so that reading it is checked.
+MAXTEXT_ONLY = {"deepseek3": ["routed_bias_update_rate=0.05"]}
 STEPS, PERIOD = 5, 2
 MAXTEXT_TIMEOUT = 600
 
@@ -100,7 +111,7 @@ def maxtext_args(maxtext, family, out, run_name):
     return [os.path.join(maxtext, "configs", "base.yml"), f"run_name={run_name}", f"base_output_directory={out}",
             "hardware=cpu", "skip_jax_distributed_system=true", "attention=dot_product", f"model_name={model}",
             "override_model_config=true", "max_target_length=32", "per_device_batch_size=1",
-            f"jax_cache_dir={os.path.join(out, 'jax_cache')}"] + sets
+            f"jax_cache_dir={os.path.join(out, 'jax_cache')}"] + sets + MAXTEXT_ONLY.get(family, [])
 
 
 def train_maxtext(maxtext, family, out):
@@ -210,8 +221,9 @@ def check_dump(family, maxtext, root, tmp):
 
 
 def check_resume(family, maxtext, root, tmp):
+    """Returns where tessel's checkpoints went: <out>/<family>/checkpoints, MaxText's run layout."""
     model, sets = overrides(family)
-    run = os.path.join(tmp, "resumed")
+    run = os.path.join(tmp, "resumed", family, "checkpoints")
     shutil.copytree(root, run)
     args = [cli(), "train", "--model", os.path.join(maxtext, "configs", "models", model + ".yml"), "--base",
             os.path.join(maxtext, "configs", "base.yml"), "--layout", "maxtext", "--checkpoint-dir", run, "--resume",
@@ -222,12 +234,112 @@ def check_resume(family, maxtext, root, tmp):
     r = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (family, r.stderr[-3000:])
     assert f"resumed step {STEPS} from" in r.stdout, r.stdout
-    assert tessel.checkpoint.steps(run)[-1] == STEPS + 2
+    # MaxText's numbering: directory N holds step N + 1.
+    assert tessel.checkpoint.steps(run)[-1] == STEPS + 1
+    assert int(tessel.checkpoint.restore(run, item="items", select="step")["step"].to_numpy()) == STEPS + 2
     # tessel's own steps in MaxText's layout hold MaxText's TrainState but for the RNG state, which
     # tessel does not keep (MaxText starts it afresh): DeepSeek V3's routing bias under nnx_aux.
     maxtext_paths = {a["path"] for a in tessel.checkpoint.info(root, item="items")["arrays"]}
     tessel_paths = {a["path"] for a in tessel.checkpoint.info(run, item="items")["arrays"]}
     assert tessel_paths == {p for p in maxtext_paths if "/rngs/" not in p}, sorted(tessel_paths ^ maxtext_paths)[:10]
+    return run
+
+
+ROUTING_BIAS = "/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias"
+
+
+def tessel_params(tree):
+    """tessel's parameters from MaxText's layouts: params/params/..., and DeepSeek V3's stacked
+    routing bias, [layers, experts] in MaxText 0.2.5 (under nnx_aux in a TrainState), [experts,
+    layers] in tessel's model."""
+    out = {p[len("params/params/"):]: v for p, v in flat(tree).items() if p.startswith("params/params/")}
+    out.update({p[len("nnx_aux/model/"):]: v for p, v in flat(tree).items()
+                if p.startswith("nnx_aux/model/") and p.endswith(ROUTING_BIAS)})
+    return {p: (np.asarray(v.to_numpy()).T if p.endswith(ROUTING_BIAS) and len(v.shape) == 2 else v)
+            for p, v in out.items()}
+
+
+def cross_entropy(logits, targets):
+    """MaxText's loss: the mean over the targets of -log softmax(logits)[target], in float64 here."""
+    x = np.asarray(logits, np.float64)
+    top = x.max(-1, keepdims=True)
+    lse = np.log(np.exp(x - top).sum(-1)) + top[..., 0]
+    return float(np.mean(lse - np.take_along_axis(x, targets[..., None].astype(np.int64), -1)[..., 0]))
+
+
+def as_maxtext_logits(logits, params):
+    """tessel's logits as MaxText 0.2.5 computes them. With a tied embedding table E (no
+    logits_dense), MaxText rounds E to bfloat16 for the logits whatever its dtype
+    (layers/embeddings.py, attend_on_embedding); tessel does not. The same rounding here: tessel's
+    final hidden states h come back from its logits h E^T by least squares (E, vocab x embed, has
+    full column rank) and meet the rounded table."""
+    if any(p.endswith("logits_dense/kernel") for p in params):
+        return np.asarray(logits, np.float64)
+    import ml_dtypes
+    table = next(v for p, v in params.items() if p.endswith("token_embedder/embedding"))
+    table = np.asarray(table.to_numpy() if hasattr(table, "to_numpy") else table, np.float32)
+    x = np.asarray(logits, np.float64).reshape(-1, table.shape[0])
+    hidden = np.linalg.lstsq(table.astype(np.float64), x.T, rcond=None)[0].T
+    rounded = table.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return (hidden @ rounded.T).reshape(np.shape(logits))
+
+
+def relative_error(got, want):
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want)))
+
+
+def check_maxtext_loads_tessel(family, maxtext, run, tmp):
+    """`run` (<out>/<family>/checkpoints) holds tessel's steps in MaxText's layout. Returns MaxText's
+    and tessel's figures: the logits' relative error and the losses' differences."""
+    model_file, sets = overrides(family)
+    base = os.path.join(maxtext, "configs", "base.yml")
+    m = tessel.load_maxtext_model(os.path.join(maxtext, "configs", "models", model_file + ".yml"), base, set=sets)
+    mesh = m.maxtext_mesh(8)
+    # MaxText computes in bfloat16 by default, tessel in float32.
+    f32 = ["dtype=float32"]
+
+    # tessel's parameter-only checkpoint, loaded by MaxText's from_pretrained.
+    params_dir = os.path.join(tmp, "tessel_params")
+    r = subprocess.run([cli(), "ckpt", "convert", run, params_dir, "--item", "items", "--to", "maxtext-params",
+                        "--dtype", "float32"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    npz = os.path.join(tmp, "maxtext_forward.npz")
+    script = os.path.join(os.path.dirname(__file__), "maxtext_forward.py")
+    rc, log = run_bounded([MAXTEXT_PYTHON, script, npz] + maxtext_args(maxtext, family, tmp, "forward") + f32 + [
+        f"load_parameters_path={os.path.join(params_dir, '0', 'items')}"], MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=tmp)
+    assert rc == 0, f"MaxText's forward pass of {family} failed:\n{log[-4000:]}"
+    z = np.load(npz)
+    params = tessel_params(tessel.checkpoint.restore(params_dir, item="items", mesh=mesh))
+    logits = as_maxtext_logits(tessel.forward(m, params, z["inputs"], mesh), params)
+    logits_error = relative_error(logits, z["logits"])
+    assert logits_error <= 1e-5, (family, logits_error)
+    forward_loss = abs(cross_entropy(logits, z["targets"]) - float(z["loss"]))
+    assert forward_loss <= 1e-5, (family, forward_loss)
+    bias = [p for p in params if p.endswith(ROUTING_BIAS)]
+    if bias:  # the bias was read: without it the logits differ
+        assert any(np.abs(np.asarray(params[p])).max() > 0 for p in bias), "the routing bias stayed zero"
+        unbiased = {p: (np.zeros(v.shape, np.float32) if p in bias else v) for p, v in params.items()}
+        unbiased_logits = as_maxtext_logits(tessel.forward(m, unbiased, z["inputs"], mesh), unbiased)
+        assert relative_error(unbiased_logits, z["logits"]) > 1e-4
+
+    # MaxText continues tessel's run from its last step (its full TrainState).
+    last = tessel.checkpoint.steps(run)[-1]
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    out = os.path.dirname(os.path.dirname(run))
+    args = [MAXTEXT_PYTHON, "-m", "maxtext.trainers.pre_train.train"] + maxtext_args(maxtext, family, out, family) + f32 + [
+        "dataset_type=synthetic", f"steps={last + 3}", "checkpoint_period=1000", "async_checkpointing=false",
+        "enable_checkpointing=true", f"metrics_file={metrics}"]
+    rc, log = run_bounded(args, MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=out)
+    assert rc == 0, f"MaxText's train of {family} from tessel's checkpoint failed:\n{log[-4000:]}"
+    assert f"restoring from this run's directory step {last}" in log, log[-3000:]
+    first = json.loads(open(metrics).readline())
+    state = tessel.checkpoint.restore(run, step=last, item="items", mesh=mesh)
+    assert first["step"] == int(state["step"].to_numpy()), (first["step"], last)
+    params = tessel_params(state)
+    mine = cross_entropy(as_maxtext_logits(tessel.forward(m, params, z["inputs"], mesh), params), z["targets"])
+    continued_loss = abs(first["learning/lm_loss"] - mine)
+    assert continued_loss <= 1e-5, (family, first["learning/lm_loss"], mine)
+    return logits_error, forward_loss, continued_loss
 
 
 def check_init_from(family, maxtext, root, tmp):
@@ -246,11 +358,13 @@ def check_init_from(family, maxtext, root, tmp):
         args += ["--set", s]
     r = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (family, r.stderr[-3000:])
-    assert "(MaxText 0.2.5's parameter-only layout)" in r.stdout, r.stdout
+    assert "(MaxText 0.2.5's parameter-only layout" in r.stdout, r.stdout
+    # It holds nnx.Params alone: DeepSeek V3's routing bias starts at zero, as in MaxText's own load.
+    assert ("routing bias not in it starts at zero" in r.stdout) == (family == "deepseek3"), r.stdout
 
 
 # Families whose parameter-only checkpoint is checked too (it takes MaxText another run).
-INIT_FROM = {"llama3.1", "qwen3_moe"}
+INIT_FROM = {"llama3.1", "qwen3_moe", "deepseek3"}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -259,10 +373,13 @@ def test_maxtext_run_read_described_and_resumed_by_tessel(family, maxtext, tmp_p
     assert all(np.isfinite(losses)), losses
     restored = check_restore(family, root)
     described = check_dump(family, maxtext, root, str(tmp_path))
-    check_resume(family, maxtext, root, str(tmp_path))
+    run = check_resume(family, maxtext, root, str(tmp_path))
     if family in INIT_FROM:
         check_init_from(family, maxtext, root, str(tmp_path))
+    logits_error, forward_loss, continued_loss = check_maxtext_loads_tessel(family, maxtext, run, str(tmp_path))
     with capsys.disabled():
         print(f"\n{family}: MaxText's losses {losses}; {restored} arrays restored onto 2 meshes bit for bit, "
               f"{described} TrainState entries described alike, resumed by tessel"
-              + (", its parameter-only checkpoint started tessel" if family in INIT_FROM else ""))
+              + (", its parameter-only checkpoint started tessel" if family in INIT_FROM else "")
+              + f"; MaxText on tessel's checkpoints: logits {logits_error:.1e} (relative), loss {forward_loss:.1e}, "
+              f"continued run's first loss {continued_loss:.1e}")

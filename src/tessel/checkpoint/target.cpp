@@ -158,7 +158,7 @@ State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optio
   check_given(spec.logical_axes, saved, "target logical axes", item.dir());
   if ((!spec.specs.empty() || !spec.logical_axes.empty()) && !spec.mesh)
     throw ValueError("target specs and logical axes place arrays on a mesh: give one");
-  if (!spec.logical_axes.empty() && !rules) throw ValueError("target logical axes need rules to resolve them (--rules)");
+  if (!spec.logical_axes.empty() && !rules) throw ValueError("target logical axes need rules to resolve them (--rules, or a MaxText model's: --model and --base)");
   State target;
   std::vector<std::string> foreign;  // leaves whose saved spec names axes the mesh lacks
   for (const ParamMetadata* p : leaves) {
@@ -171,8 +171,8 @@ State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optio
       if (const auto missing = missing_axes(sp->second, *spec.mesh); !missing.empty()) {
         throw ValueError(fmt::format(
             "the target spec of '{}', {}, names mesh axes {} lacks ({}): give the target mesh those axes (with "
-            "--rules, e.g. MaxText's base.yml, the mesh has each of the rules' mesh_axes, of size 1 unless --mesh "
-            "sizes it)",
+            "--rules, e.g. MaxText's base.yml, or --model and --base, the mesh has each of the rules' mesh_axes, of "
+            "size 1 unless --mesh sizes it)",
             p->path, sp->second.to_string(), spec.mesh->to_string(), fmt::join(missing, ", ")));
       }
       s = NamedSharding(*spec.mesh, sp->second);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "tessel/checkpoint/checkpointer.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
 #include "tessel/detail/json_util.h"
@@ -32,6 +33,7 @@ std::string dict_key(const std::vector<std::string>& parts) {
 }
 
 constexpr const char* kParamsPrefix = "params/params/";
+constexpr const char* kAuxPrefix = "nnx_aux/model/";
 
 
 // MaxText 0.2.5's nnx_aux: the state of every nnx.Rngs the model holds (streams aqt, dropout and
@@ -139,7 +141,7 @@ bool maxtext_aux_routing_bias(const MaxTextConfig& c) {
 
 std::string maxtext_aux_bias_path(const std::string& path) {
   const bool bias = path.ends_with("/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias") && path.starts_with("decoder/");
-  return bias ? "nnx_aux/model/" + path : std::string();
+  return bias ? kAuxPrefix + path : std::string();
 }
 
 namespace {
@@ -292,11 +294,15 @@ ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptio
   TargetSpec& spec = options.target;
   std::vector<std::pair<std::string, std::string>> moves;
   for (const auto& [path, v] : saved) {
-    const bool param = maxtext ? path.starts_with(kParamsPrefix)
+    // MaxText 0.2.5 keeps DeepSeek V3's routing bias under nnx_aux in a TrainState, and reads a
+    // parameter-only checkpoint's from params/params/ (its legacy-collection alias), same shape.
+    const std::string aux_bias = path.starts_with(kAuxPrefix) ? path.substr(std::string_view(kAuxPrefix).size()) : "";
+    const bool routing_bias = maxtext && !aux_bias.empty() && !maxtext_aux_bias_path(aux_bias).empty();
+    const bool param = maxtext ? path.starts_with(kParamsPrefix) || routing_bias
                                : !path.starts_with("opt_state/") && path != "step" && v.kind() != nn::kOptState;
     if (!param) continue;
     if (!spec.paths.empty() && std::find(spec.paths.begin(), spec.paths.end(), path) == spec.paths.end()) continue;
-    const std::string renamed = rename_path(path, spec.rename);
+    const std::string renamed = rename_path(routing_bias ? kParamsPrefix + aux_bias : path, spec.rename);
     moves.emplace_back(path, renamed.starts_with(kParamsPrefix) ? renamed : kParamsPrefix + renamed);
   }
   if (moves.empty()) throw ValueError(src.dir().string() + " holds no parameters to write");
@@ -310,6 +316,91 @@ ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptio
   options.as_step = ConvertOptions::Step{0, kMaxTextItem};
   options.extra.push_back({"step", nn::kOptState, HostArray::from<int32_t>(Shape{}, {0})});
   return options;
+}
+
+State params_from_checkpoint(const Runtime& rt, const CheckpointItem& item, const State& params, std::string* where) {
+  const State saved = item.abstract_state();
+  struct Layout {
+    std::string prefix, suffix;
+  };
+  struct Source {
+    std::string path;   // empty: not saved, starts at zero
+    bool flip = false;  // saved [layers, experts], tessel's [experts, layers]
+  };
+  auto source = [&](const Layout& l, const std::string& p) -> std::optional<Source> {
+    const std::string path = l.prefix + p + l.suffix;
+    const bool stacked_bias = !maxtext_aux_bias_path(p).empty() && params.at(p).shape().rank() == 2;
+    if (stacked_bias && l.prefix == kParamsPrefix) {
+      if (saved.contains(kAuxPrefix + p)) return Source{kAuxPrefix + p, true};
+      // With AdamW moments it was trained as a parameter, in tessel's (and older MaxText's) order.
+      if (saved.contains(path)) return Source{path, !saved.contains("opt_state/0/mu/" + path)};
+    }
+    if (saved.contains(path)) return Source{path, false};
+    // MaxText 0.2.5's parameter-only checkpoint holds nnx.Params alone, not DeepSeek V3's routing
+    // bias (a MoEBiasVar): it starts at zero, as MaxText's own load of that checkpoint starts it.
+    if (!maxtext_aux_bias_path(p).empty()) return Source{};
+    return std::nullopt;
+  };
+  auto first_missing = [&](const Layout& l) -> std::optional<std::string> {
+    for (const auto& [p, v] : params)
+      if (!source(l, p)) return l.prefix + p + l.suffix;
+    return std::nullopt;
+  };
+  const std::vector<Layout> layouts = {{"", ""}, {kParamsPrefix, ""}, {"params/", ""}, {"", "/value"}};
+  const auto layout = std::find_if(layouts.begin(), layouts.end(), [&](const Layout& l) { return !first_missing(l); });
+  if (layout == layouts.end())
+    throw ValueError(fmt::format("{}: the checkpoint does not hold this model's parameters at its top, under "
+                                 "params/params/ or params/, or as MaxText 0.2.5's parameter-only checkpoint "
+                                 "(<path>/value) (it lacks '{}')",
+                                 item.dir().string(), *first_missing(layouts.front())));
+  State target;
+  std::vector<std::pair<std::string, Source>> sources;
+  for (const auto& [p, v] : params) {
+    const Source s = *source(*layout, p);
+    sources.emplace_back(p, s);
+    if (s.path.empty()) continue;
+    if (!s.flip) {
+      target.insert(s.path, v);
+      continue;
+    }
+    std::optional<NamedSharding> sharding;
+    if (v.sharding()) sharding = flipped(*v.sharding(), v.shape().rank());
+    target.insert(s.path, Variable::abstract(v.kind(), flipped(v.shape()), v.dtype(), sharding));
+  }
+  RestoreOptions options;
+  options.partial = true;
+  const State restored = restore(rt, item, target, options);
+  State placed;
+  int64_t zeroed = 0;
+  for (const auto& [p, s] : sources) {
+    const Variable& want = params.at(p);
+    if (s.path.empty()) {
+      if (!want.sharding()) throw ValueError(fmt::format("'{}' has no sharding to place it by", p));
+      placed.insert(p, Variable(want.kind(),
+                                make_array_from_callback(rt, want.shape(), want.dtype(), *want.sharding(),
+                                                         [](const Box&, std::span<std::byte> out) {
+                                                           std::fill(out.begin(), out.end(), std::byte{0});
+                                                         }),
+                                want.partitioning()));
+      ++zeroed;
+      continue;
+    }
+    const Variable& got = restored.at(s.path);
+    if (!s.flip) {
+      placed.insert(p, got);
+      continue;
+    }
+    const Array back = want.sharding() ? reshard(flipped(got.array(s.path)), *want.sharding()) : flipped(got.array(s.path));
+    placed.insert(p, Variable(want.kind(), back, want.partitioning()));
+  }
+  if (where)
+    *where = !layout->suffix.empty()  ? " (MaxText 0.2.5's parameter-only layout)"
+             : layout->prefix.empty() ? ""
+                                      : " (under " + layout->prefix.substr(0, layout->prefix.size() - 1) + ")";
+  if (where && zeroed)
+    *where += fmt::format("; {} routing bias{} not in it start{} at zero", zeroed, zeroed == 1 ? "" : "es",
+                          zeroed == 1 ? "s" : "");
+  return placed;
 }
 
 }  // namespace tessel

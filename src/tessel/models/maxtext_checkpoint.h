@@ -84,4 +84,15 @@ void write_maxtext_shardings(const std::vector<MaxTextStateEntry>& entries, cons
 // a source without parameters.
 ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptions options);
 
+// `params` (a model's parameters, abstract or not) read from `item` and placed as they are placed
+// there: the start of a fine-tuning run. The item holds them as tessel's tree at its top, as
+// MaxText's TrainState under params/params/ (or params/), or as MaxText 0.2.5's parameter-only
+// checkpoint (each parameter an NNX Variable's `<path>/value`). A DeepSeek V3 routing bias is read
+// where MaxText 0.2.5 keeps it too: nnx_aux/model/<path>, or params/params/<path> without AdamW
+// moments, both [layers, experts]; where none is (MaxText 0.2.5's parameter-only checkpoint holds
+// nnx.Params alone), it starts at zero. `where` receives the layout found, e.g. " (under
+// params/params)", and the biases started at zero.
+// Throws ValueError naming the first parameter missing when no layout holds them all.
+State params_from_checkpoint(const Runtime& rt, const CheckpointItem& item, const State& params, std::string* where);
+
 }  // namespace tessel
