@@ -269,12 +269,14 @@ std::string convert_item(const std::string& src, const std::string& dst, std::op
                          std::optional<LogicalRules> rules, std::optional<std::string> dtype,
                          std::vector<std::string> select, std::vector<std::pair<std::string, std::string>> rename,
                          std::optional<std::string> map, std::map<std::string, std::string> map_vars,
-                         int64_t max_file_bytes, const std::string& compression, bool use_ocdbt, bool use_zarr3) {
+                         int64_t max_file_bytes, const std::string& compression, bool use_ocdbt, bool use_zarr3,
+                         int64_t memory_bytes) {
   const fs::path from = local_path(src, "src"), into = local_path(dst, "dst");
   if (to && *to != "orbax" && *to != "safetensors" && *to != "maxtext-params")
     throw ValueError("to must be 'orbax', 'safetensors' or 'maxtext-params', not '" + *to + "'");
   if (max_file_bytes < 0 || max_file_bytes % (int64_t{1} << 20) != 0)
     throw ValueError("max_file_bytes must be a non-negative multiple of 1 MiB, not " + std::to_string(max_file_bytes));
+  if (memory_bytes < 1) throw ValueError("memory_mb must be positive, not " + std::to_string(memory_bytes >> 20));
   const std::optional<fs::path> map_file = map ? std::optional(local_path(*map, "map")) : std::nullopt;
   nb::gil_scoped_release release;
   const CheckpointItem item = CheckpointItem::find(from, step, item_name);
@@ -297,6 +299,7 @@ std::string convert_item(const std::string& src, const std::string& dst, std::op
   o.orbax.use_ocdbt = use_ocdbt;
   o.orbax.use_zarr3 = use_zarr3;
   o.safetensors = SafetensorsSaveOptions{.max_file_bytes = max_file_bytes, .metadata = {{"format", "pt"}}};
+  o.batch_bytes = memory_bytes;
   if (to == "maxtext-params") o = maxtext_params_conversion(item, std::move(o));
   const Runtime rt = Runtime::host(o.target.mesh ? o.target.mesh->device_count() : 1);
   const ConvertReport r = convert(rt, item, into, o);
@@ -363,7 +366,7 @@ void bind_checkpoint(nb::module_& m) {
   m.def("open_item", &open_item, "path"_a, "step"_a = nb::none(), "item"_a = nb::none());
   m.def("convert", &convert_item, "src"_a, "dst"_a, "step"_a, "item"_a, "to"_a, "mesh"_a, "rules"_a, "dtype"_a,
         "select"_a, "rename"_a, "map"_a, "map_vars"_a, "max_file_bytes"_a, "compression"_a, "use_ocdbt"_a,
-        "use_zarr3"_a);
+        "use_zarr3"_a, "memory_bytes"_a);
   m.def("list_steps", [](const std::string& root) { return list_steps(local_path(root, "root")); }, "root"_a);
   nb::class_<ItemInfo>(m, "ItemInfo", "One item of an Orbax step directory.")
       .def_ro("name", &ItemInfo::name)

@@ -368,14 +368,18 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
             dtype: Any = None, step: int | None = None, item: str | None = None,
             select: str | Sequence[str] | None = None, rename: Mapping[str, str] | None = None,
             map: str | None = None, map_vars: Mapping[str, Any] | None = None, max_file_bytes: int = 0,
-            compression: str = "none", use_ocdbt: bool = True, use_zarr3: bool = False) -> str:
+            compression: str = "none", use_ocdbt: bool = True, use_zarr3: bool = False, memory_mb: int = 128) -> str:
     """`tessel ckpt convert` from Python (the same library function): an Orbax item or step as
     safetensors, or safetensors as an Orbax item (`to`: "orbax" or "safetensors", default the other
     format of `src`; "maxtext-params" for MaxText's parameter-only checkpoint), streaming one batch
     of tensors at a time. Tensors go through `mesh` (default one device; `rules`: LogicalRules or a
     rules file), cast to `dtype`; `select` keeps subtrees (globs), `rename` moves them
     ({"params.params": ""}); `map` is a key map (examples/maps/llama.yml) with `map_vars`
-    ({"head_dim": 128}). Returns the format written."""
+    ({"head_dim": 128}); through a map each stacked tensor is read and written a slab at a time.
+    `memory_mb` bounds the host memory of the tensors (or pieces) in flight. Returns the format
+    written."""
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 1:
+        raise ArgumentError(f"memory_mb must be a positive number of MiB, not {memory_mb!r}")
     if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int):
         raise ArgumentError(f"max_file_bytes must be a non-negative multiple of 1 MiB, not {max_file_bytes!r}")
     if rules is not None and not isinstance(rules, LogicalRules):
@@ -386,7 +390,8 @@ def convert(src: str, dst: str, *, to: str | None = None, mesh: Mesh | None = No
         os.fspath(src), os.fspath(dst), step, item, to, mesh, rules,
         None if dtype is None else dtype if isinstance(dtype, str) else np.dtype(dtype).name, patterns,
         list((rename or {}).items()), None if map is None else os.fspath(map),
-        {str(k): str(v) for k, v in (map_vars or {}).items()}, max_file_bytes, compression, use_ocdbt, use_zarr3)
+        {str(k): str(v) for k, v in (map_vars or {}).items()}, max_file_bytes, compression, use_ocdbt, use_zarr3,
+        memory_mb << 20)
 
 
 # ---------------------------------------------------------------------------------------------

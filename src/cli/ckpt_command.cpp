@@ -41,6 +41,7 @@ struct CkptArgs {
   std::optional<std::string> item;
   bool json = false;
   int64_t staging_mb = 256;
+  int64_t memory_mb = 128;  // convert: tensors (or a map's pieces) in flight
   RuntimeArgs runtime;
   StorageArgs storage;
 };
@@ -326,6 +327,7 @@ ConvertOptions convert_options(const CkptArgs& a, const CheckpointItem& item) {
   o.orbax = orbax_options(a, std::nullopt);
   o.safetensors = SafetensorsSaveOptions{.max_file_bytes = a.max_file_mb << 20, .metadata = {{"format", "pt"}}};
   o.staging_bytes = std::min<int64_t>(a.staging_mb << 20, int64_t{64} << 20);
+  o.batch_bytes = a.memory_mb << 20;
   return a.to == "maxtext-params" ? maxtext_params_conversion(item, std::move(o)) : o;
 }
 
@@ -437,6 +439,10 @@ void add_ckpt_command(CLI::App& app) {
                             "layers, scale), applied forward or backward as the source's names match; see examples/maps/"))
       ->check(CLI::ExistingFile);
   c->add_option("--map-var", args->map_vars, "Values for the map's {names}: NAME=VALUE,...");
+  c->add_option("--memory-mb", args->memory_mb,
+                "Host memory for the tensors in flight, MiB (default 128): a batch of tensors, or of a map's pieces "
+                "(a stacked tensor's slab), at a time; a larger one alone")
+      ->check(CLI::PositiveNumber);
   c->callback([args] { convert_command(*args); });
 }
 

@@ -10,6 +10,7 @@
 
 #include "../runtime/runtime_test_util.h"
 #include "tessel/checkpoint/key_map.h"
+#include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"
 
@@ -38,6 +39,27 @@ State abstract(const std::map<std::string, HostArray>& values) {
   return s;
 }
 
+// The target made a piece at a time, as a streaming conversion makes it: each piece from its
+// source's box alone.
+HostArray apply_by_pieces(const MappedTensor& t, const std::map<std::string, HostArray>& values, int64_t max_bytes,
+                          bool source_slabs) {
+  HostArray out(t.shape, t.dtype);
+  const size_t item = item_size(t.dtype);
+  for (const MapPiece& p : map_pieces(t, values.at(t.sources.front()).shape(), max_bytes, source_slabs)) {
+    std::vector<HostArray> parts;
+    for (const MapPiece::Read& r : p.reads) {
+      const HostArray& whole = values.at(t.sources.at(r.source));
+      HostArray part(r.box.shape(), whole.dtype());
+      copy_region(whole.bytes().data(), Box::full(whole.shape()), part.mutable_bytes().data(), r.box, r.box, item);
+      parts.push_back(std::move(part));
+    }
+    const HostArray made = apply_piece(t, p, std::move(parts));
+    EXPECT_EQ(made.shape(), p.target_box.shape()) << t.path;
+    copy_region(made.bytes().data(), p.target_box, out.mutable_bytes().data(), Box::full(t.shape), p.target_box, item);
+  }
+  return out;
+}
+
 std::map<std::string, HostArray> apply_plan(const MapPlan& plan, const std::map<std::string, HostArray>& values) {
   std::map<std::string, HostArray> out;
   for (const MappedTensor& t : plan.tensors) {
@@ -45,6 +67,12 @@ std::map<std::string, HostArray> apply_plan(const MapPlan& plan, const std::map<
     for (const std::string& p : t.sources) in.push_back(&values.at(p));
     out.emplace(t.path, apply_mapped(t, in));
     EXPECT_EQ(out.at(t.path).shape(), t.shape) << t.path;
+    // Whole pieces, and slabs of at most 24 bytes where a tensor is only transposed or copied.
+    for (int64_t max_bytes : {int64_t{0}, int64_t{24}})
+      for (bool source_slabs : {false, true})
+        EXPECT_EQ(apply_by_pieces(t, values, max_bytes, source_slabs), out.at(t.path))
+            << t.path << (plan.forward ? " forward" : " backward") << " pieces of " << max_bytes
+            << (source_slabs ? " (source slabs)" : "");
   }
   return out;
 }
@@ -167,6 +195,9 @@ TEST(KeyMap, PlansRefuseWhatDoesNotFit) {
               ThrowsMessage<ValueError>(HasSubstr("other")));
   EXPECT_THAT([&] { plan_key_map(map, shapes({{"head", {2, 2}}})); },
               ThrowsMessage<ValueError>(HasSubstr("match none")));
+  const KeyMap twice = parse_key_map("rules:\n  - {from: a, to: c}\n  - {from: b, to: c}\n", "twice.yml");
+  EXPECT_THAT([&] { plan_key_map(twice, shapes({{"a", {2}}, {"b", {2}}})); },
+              ThrowsMessage<ValueError>(HasSubstr("twice.yml: two tensors map to 'c'")));
   EXPECT_THAT([] { parse_key_map("rules:\n  - from: a\n    to: b.{i}\n", "m.yml"); },
               ThrowsMessage<ParseError>(HasSubstr("to has {i} but from has not")));
   EXPECT_THAT([] { parse_key_map("rules:\n  - from: a.{i}.{i}\n    to: b\n    stack: 0\n", "m.yml"); },
@@ -246,6 +277,60 @@ TEST(KeyMap, InterleaveTurnsHalvesIntoNeighboursAndBack) {
   EXPECT_THAT([&] { plan_key_map(map, abstract(odd)); }, ThrowsMessage<ValueError>(HasSubstr("interleave axis 2")));
   EXPECT_THAT([] { parse_key_map("rules:\n  - {from: a, to: b, interleave: -1}\n", "m.yml"); },
               ThrowsMessage<ParseError>(HasSubstr("interleave")));
+}
+
+// One fused source into two targets by alternating columns (HF's gate_up_proj into MaxText's
+// wi_0 and wi_1), stacked per layer, and back into one tensor, bit for bit, whole or by pieces.
+TEST(KeyMap, TakesSplitAFusedTensorAndPutItBack) {
+  const KeyMap map = parse_key_map(R"(rules:
+  - from: layers.{i}.gate_up
+    to: wi_0
+    transpose: [0, 2, 1]
+    take: [1, 0, 2]
+    stack: 1
+  - from: layers.{i}.gate_up
+    to: wi_1
+    transpose: [0, 2, 1]
+    take: [1, 1, 2]
+    stack: 1
+  - from: head
+    to: out
+)",
+                                   "map.yml");
+  std::mt19937 rng(17);
+  std::map<std::string, HostArray> values;
+  for (int i = 0; i < 3; ++i) values.emplace("layers/" + std::to_string(i) + "/gate_up",
+                                             testing::random_host(rng, {2, 5, 6}, DType::kBF16));
+  values.emplace("head", testing::random_host(rng, {4}, DType::kF32));
+  const auto there = apply_plan(plan_key_map(map, abstract(values)), values);
+  // [experts 2, in 5, 2*3] -> transpose [2, 6, 5] -> rows 0, 2, 4 (wi_0) or 1, 3, 5 (wi_1): [2, 3, 5],
+  // stacked on axis 1: [2, 3 layers, 3, 5].
+  ASSERT_EQ(there.at("wi_0").shape(), Shape({2, 3, 3, 5}));
+  const size_t item = 2;
+  for (int layer = 0; layer < 3; ++layer) {
+    const HostArray& src = values.at("layers/" + std::to_string(layer) + "/gate_up");
+    for (int64_t e = 0; e < 2; ++e)
+      for (int64_t c = 0; c < 6; ++c)
+        for (int64_t k = 0; k < 5; ++k) {
+          const HostArray& dst = there.at(c % 2 ? "wi_1" : "wi_0");
+          const int64_t from = (e * 5 + k) * 6 + c, to = ((e * 3 + layer) * 3 + c / 2) * 5 + k;
+          EXPECT_EQ(std::memcmp(src.bytes().data() + from * item, dst.bytes().data() + to * item, item), 0)
+              << layer << " " << e << " " << c << " " << k;
+        }
+  }
+  const auto back = apply_plan(plan_key_map(map, abstract(there)), there);
+  ASSERT_EQ(back.size(), values.size());
+  for (const auto& [p, h] : values) EXPECT_EQ(back.at(p), h) << p;
+  // Backward, a part missing; forward, a size the step does not divide; a bad take.
+  std::map<std::string, HostArray> half = there;
+  half.erase("wi_1");
+  EXPECT_THAT([&] { plan_key_map(map, abstract(half)); },
+              ThrowsMessage<ValueError>(HasSubstr("comes back from the parts its takes made, 2 alike parts")));
+  std::map<std::string, HostArray> odd{{"layers/0/gate_up", HostArray(Shape{2, 5, 7}, DType::kBF16)},
+                                       {"head", HostArray(Shape{4}, DType::kF32)}};
+  EXPECT_THAT([&] { plan_key_map(map, abstract(odd)); }, ThrowsMessage<ValueError>(HasSubstr("divides by 2")));
+  EXPECT_THAT([] { parse_key_map("rules:\n  - {from: a, to: b, take: [0, 2, 2]}\n", "m.yml"); },
+              ThrowsMessage<ParseError>(HasSubstr("0 <= start < step")));
 }
 
 }  // namespace

@@ -54,13 +54,17 @@ def maxtext_model(family, config, tensor=1, model_file=None, **more):
                                      os.path.join(MAXTEXT, "base.yml"), set=sets)
 
 
-def assert_back_to_hf(item, hf, mapfile, head_dim, back):
-    """Through the same map back to safetensors: HF's tensors (a query's scale undone in float32)."""
+def assert_back_to_hf(item, hf, mapfile, head_dim, back, exact=False):
+    """Through the same map back to safetensors: HF's tensors (a query's scale undone in float32),
+    bit for bit when `exact`."""
     run("ckpt", "convert", item, back, "--map", mapfile, "--map-var", f"head_dim={head_dim}", "--to", "safetensors")
     saved, again = tensors_of(hf), tensors_of(back)
     assert sorted(saved) == sorted(again)
     for name, value in saved.items():
-        np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
+        if exact:
+            np.testing.assert_array_equal(again[name], value, err_msg=name)
+        else:
+            np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
 
 
 def relative_error(got, want):
@@ -142,13 +146,7 @@ def test_llama31_through_its_map_gives_transformers_logits(rng, tmp):
     run("ckpt", "convert", hf, plain, "--map", os.path.join(ROOT, "examples", "maps", "llama_maxtext.yml"),
         "--map-var", f"head_dim={config.head_dim}")
     assert relative_error(tessel.forward(m, tessel.checkpoint.restore(plain, mesh=mesh), tokens, mesh), want) > 1e-3
-    back = os.path.join(tmp, "back")
-    run("ckpt", "convert", item, back, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}", "--to",
-        "safetensors")
-    saved, again = tensors_of(hf), tensors_of(back)
-    assert sorted(saved) == sorted(again)
-    for name, value in saved.items():
-        np.testing.assert_allclose(again[name], value, rtol=1e-6, atol=0, err_msg=name)
+    assert_back_to_hf(item, hf, mapfile, config.head_dim, os.path.join(tmp, "back"))
 
 
 DATA = "/usr/share/common-licenses/GPL-3"
@@ -274,18 +272,20 @@ def tiny_deepseek(r, version):
     layers = first_dense + r.randint(1, 2)
     nope, rope, v = r.choice([8, 16]), r.choice([4, 8]), r.choice([8, 16])
     experts, mscale = r.choice([4, 8]), r.choice([0.707, 1.0])
+    # V2 as DeepSeek-V2-Lite and MaxText's deepseek2-16b: no query LoRA (q_proj); V3 with one.
+    q_lora = 16 if version == "v3" else None
     yarn = {"rope_type": "yarn", "rope_theta": r.choice([10000.0, 50000.0]), "factor": 40.0,
             "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale,
             "mscale_all_dim": mscale}
     sizes = dict(vocab_size=r.choice([64, 96]), hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=experts,
                  num_experts_per_tok=r.choice([1, 2, 3]), n_shared_experts=1, first_k_dense_replace=first_dense,
-                 q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
+                 q_lora_rank=q_lora, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
                  routed_scaling_factor=r.choice([1.0, 2.5]), rms_norm_eps=1e-6, max_position_embeddings=163840,
                  rope_parameters=yarn, tie_word_embeddings=False)
     sets = dict(base_emb_dim=32, base_num_query_heads=4, base_num_kv_heads=4, base_mlp_dim=48, base_moe_mlp_dim=16,
                 base_num_decoder_layers=layers, first_num_dense_layers=first_dense, vocab_size=sizes["vocab_size"],
-                q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
+                q_lora_rank=q_lora or 0, kv_lora_rank=8, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v,
                 num_experts=experts, num_experts_per_tok=sizes["num_experts_per_tok"], shared_experts=1,
                 routed_scaling_factor=sizes["routed_scaling_factor"], normalization_layer_epsilon=1e-6,
                 rope_max_timescale=yarn["rope_theta"], rope_factor=40, mscale=mscale, max_position_embeddings=163840,
@@ -315,7 +315,8 @@ def tiny_deepseek(r, version):
 
 
 def test_deepseek_gives_transformers_logits_with_expert_parallelism(rng, tmp):
-    """DeepSeek-V2 and V3 from transformers (random, tiny: MLA with low-rank queries, YaRN rope with
+    """DeepSeek-V2 and V3 from transformers (random, tiny: MLA (V2 without a query LoRA, as V2-Lite;
+    V3 with low-rank queries), YaRN rope with
     neighbouring pairs and mscale, dense then MoE layers, a shared expert; V2 with softmax routing,
     V3 with sigmoid routing, a random e_score_correction_bias choosing the experts and group-limited
     routing) through examples/maps/deepseek_maxtext.yml into MaxText's deepseek2-16b / deepseek3-tiny
@@ -394,8 +395,10 @@ def test_gpt_oss_gives_transformers_logits_with_expert_parallelism(rng, tmp):
     with biases and sinks, sliding and full layers alternating, YaRN rope (halves, untruncated, with
     its attention scaling), routed experts with biases and the clipped GLU. Through MaxText's
     gpt-oss-20b file sized by --set (unscanned), the same logits (f32, 1e-4 relative) on 1 device and
-    on 8 with expert and tensor parallelism. The weights are laid out here as MaxText's gpt-oss
-    conversion does (HF fuses gate and up by interleaved columns, which no key-map step splits yet)."""
+    on 8 with expert and tensor parallelism. The weights go through examples/maps/gpt_oss_maxtext.yml
+    (HF fuses gate and up by alternating columns: two take rules split them), each tensor equal to
+    MaxText's gpt-oss conversion re-stated in NumPy (hf_gpt_oss_to_maxtext), and back to HF's
+    tensors bit for bit."""
     from safetensors.numpy import load_file
     layers, experts, window = 2 * rng.randint(1, 2), rng.choice([4, 8]), rng.randint(2, 6)
     config = transformers.GptOssConfig(
@@ -409,8 +412,16 @@ def test_gpt_oss_gives_transformers_logits_with_expert_parallelism(rng, tmp):
             if name.endswith(("bias", "sinks")):
                 p.copy_(torch.randn(p.shape) * 0.5)
     print(config.to_dict())
-    model.save_pretrained(tmp)
-    weights = hf_gpt_oss_to_maxtext(load_file(os.path.join(tmp, "model.safetensors")), config)
+    hf = os.path.join(tmp, "hf")
+    model.save_pretrained(hf)
+    mapfile = os.path.join(ROOT, "examples", "maps", "gpt_oss_maxtext.yml")
+    item = os.path.join(tmp, "item")
+    run("ckpt", "convert", hf, item, "--map", mapfile, "--map-var", f"head_dim={config.head_dim}")
+    restated = hf_gpt_oss_to_maxtext(load_file(os.path.join(hf, "model.safetensors")), config)
+    converted = {p: a.to_numpy() for p, a in leaves(tessel.checkpoint.restore(item, mesh=tessel.Mesh({"x": 1}))).items()}
+    assert sorted(converted) == sorted(restated)
+    for p, a in restated.items():
+        np.testing.assert_array_equal(converted[p], a, err_msg=p)
     tokens = np.random.default_rng(rng.randrange(2**31)).integers(0, config.vocab_size, (8, rng.randint(6, 14)),
                                                                    dtype=np.int32)
     with torch.no_grad():
@@ -424,4 +435,6 @@ def test_gpt_oss_gives_transformers_logits_with_expert_parallelism(rng, tmp):
                 original_max_position_embeddings=yarn["original_max_position_embeddings"],
                 max_position_embeddings=config.max_position_embeddings, scan_layers=False,
                 weight_dtype="float32", dtype="float32", ici_fsdp_parallelism=-1)
-    expect_logits("gpt-oss-20b.yml", sets, lambda mesh: weights, tokens, want, [(1, 1, 1), (8, 2, 2), (8, 1, 4)])
+    expect_logits("gpt-oss-20b.yml", sets, lambda mesh: tessel.checkpoint.restore(item, mesh=mesh), tokens, want,
+                  [(1, 1, 1), (8, 2, 2), (8, 1, 4)])
+    assert_back_to_hf(item, hf, mapfile, config.head_dim, os.path.join(tmp, "back"), exact=True)

@@ -157,3 +157,95 @@ def test_bad_maps_and_mismatches_are_clear_errors(rng, tmp):
                         f"head_dim={c['head_dim'] * 1000}"], capture_output=True, text=True)
     assert r.returncode != 0 and "does not split" in r.stderr, r.stderr
     assert not os.path.exists(os.path.join(tmp, "z")) and not os.path.exists(os.path.join(tmp, "z.tmp"))
+    # A destination that fills up (a file size limit: writes fail as on a full disk) is an error
+    # naming the file, and leaves nothing behind, in either format.
+    import resource
+    import signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+    for to, storage in (("orbax", ["--storage", "files"]), ("orbax", []), ("safetensors", [])):
+        dst = os.path.join(tmp, "full_" + to)
+        r = subprocess.run([cli(), "ckpt", "convert", src, dst, "--map", mapfile, "--map-var",
+                            f"head_dim={c['head_dim']}", "--to", to] + storage,
+                           capture_output=True, text=True, preexec_fn=small_files)
+        assert r.returncode != 0 and r.stderr.startswith("tessel: error: ") and "File too large" in r.stderr, r.stderr
+        assert not [f for f in os.listdir(tmp) if f.startswith("full_" + to)], os.listdir(tmp)
+
+
+def peak_rss_of(args):
+    """Runs the CLI in a child of a child and returns (its stdout, its peak RSS in bytes): the
+    grandchild's high-water mark alone, not this process's other children's."""
+    probe = ("import resource, subprocess, sys\n"
+             "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+             "sys.stderr.write(r.stderr); sys.stdout.write(r.stdout)\n"
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
+             "sys.exit(r.returncode)\n")
+    import sys
+    r = subprocess.run([sys.executable, "-c", probe, cli(), *map(str, args)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f"{args}:\n{r.stderr[-3000:]}"
+    lines = r.stdout.strip().splitlines()
+    return "\n".join(lines[:-1]), int(lines[-1])
+
+
+def test_a_map_conversion_streams_in_a_memory_budget(rng, tmp):
+    """A model several times larger than the conversion's memory budget (--memory-mb 16), through
+    the Qwen3-MoE map both ways: peak RSS stays within the process's own baseline plus the budget
+    and a few of the largest tensors' worth (a stacked tensor is written a slab at a time, never
+    whole), and the way back gives every tensor of the source bit for bit."""
+    import ml_dtypes
+    layers, experts, e, m, heads, d = rng.randint(6, 8), rng.choice([24, 32]), 512, 384, 4, 64
+    shapes = {"model.embed_tokens.weight": (512, e), "model.norm.weight": (e,), "lm_head.weight": (512, e)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (e,), p + "post_attention_layernorm.weight": (e,),
+                       p + "self_attn.q_proj.weight": (heads * d, e), p + "self_attn.k_proj.weight": (2 * d, e),
+                       p + "self_attn.v_proj.weight": (2 * d, e), p + "self_attn.o_proj.weight": (e, heads * d),
+                       p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
+                       p + "mlp.gate.weight": (experts, e)})
+        for x in range(experts):
+            q = f"{p}mlp.experts.{x}."
+            shapes.update({q + "gate_proj.weight": (m, e), q + "up_proj.weight": (m, e), q + "down_proj.weight": (e, m)})
+    gen = np.random.default_rng(rng.randrange(2**31))
+    hf = os.path.join(tmp, "hf")
+    os.makedirs(hf)
+    sd = {n: gen.standard_normal(s, dtype=np.float32).astype(ml_dtypes.bfloat16) for n, s in shapes.items()}
+    names = sorted(sd)
+    files = [names[k::4] for k in range(4)]
+    weight_map = {}
+    for k, part in enumerate(files):
+        file = f"model-{k + 1:05d}-of-00004.safetensors"
+        stnp.save_file({n: sd[n] for n in part}, os.path.join(hf, file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(hf, "model.safetensors.index.json"), "w"))
+    total = sum(a.nbytes for a in sd.values())
+    largest = max(a.nbytes for a in sd.values())
+    mapfile = os.path.join(ROOT, "examples", "maps", "qwen3_moe_maxtext.yml")
+    mib = 2**20
+    # The process's own baseline: the same CLI converting a tiny set with the same map.
+    _, baseline = peak_rss_of(["ckpt", "info", hf])
+    maxtext = os.path.join(tmp, "maxtext")
+    out, forward = peak_rss_of(["ckpt", "convert", hf, maxtext, "--map", mapfile, "--map-var", f"head_dim={d}",
+                                "--memory-mb", 16])
+    stacked = tessel.checkpoint.info(maxtext)["arrays"]
+    wi_0 = next(a for a in stacked if a["path"].endswith("moe_block/wi_0"))
+    assert tuple(wi_0["shape"]) == (experts, layers, e, m), wi_0
+    back = os.path.join(tmp, "back")
+    _, backward = peak_rss_of(["ckpt", "convert", maxtext, back, "--map", mapfile, "--map-var", f"head_dim={d}",
+                               "--to", "safetensors", "--memory-mb", 16])
+    bound = baseline + 16 * mib + 4 * largest + 16 * mib
+    print(f"\n{len(sd)} tensors, {total / mib:.0f} MiB ({total / (16 * mib):.1f}x the 16 MiB budget), largest "
+          f"{largest / mib:.2f} MiB; peak RSS: baseline {baseline / mib:.0f} MiB, forward {forward / mib:.0f}, "
+          f"backward {backward / mib:.0f} (bound {bound / mib:.0f})")
+    assert total > 8 * 16 * mib
+    assert forward <= bound and backward <= bound, (forward / mib, backward / mib, bound / mib)
+    again = {}
+    for f in os.listdir(back):
+        if f.endswith(".safetensors"):
+            again.update(stnp.load_file(os.path.join(back, f)))
+    assert sorted(again) == names
+    for n in names:
+        assert again[n].dtype == sd[n].dtype and np.array_equal(again[n].view(np.uint16), sd[n].view(np.uint16)), n

@@ -16,9 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,7 @@
 #include "tessel/checkpoint/metadata.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/checkpoint/writer.h"
+#include "tessel/core/host_array.h"
 #include "tessel/runtime/process_group.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/sharding/logical_rules.h"
@@ -54,6 +57,10 @@ struct SaveOptions {
   // Write `_CHECKPOINT_METADATA` into the item, as a standalone checkpoint has it (Orbax's
   // StandardCheckpointer); the items of a CheckpointManager's step leave it to the step.
   bool checkpoint_metadata = true;
+  // Leaves written a block of this shape at a time ('/'-joined path -> block shape) instead of
+  // their sharding's blocks: a stacked tensor written a layer's slab at a time. Their chunks
+  // divide the block shape; the sharding is still what `_sharding` records.
+  std::map<std::string, Shape> block_shapes;
 };
 
 struct HostLeaf;
@@ -125,6 +132,7 @@ class CheckpointWriter final : public StateWriter {
 
  protected:
   void begin_process() override;
+  std::optional<Shape> block_grid(size_t leaf) const override;
   void write_blocks(size_t leaf, std::span<const HostBlock> blocks) override;
   std::string finish_process() override;
   void finish(const std::vector<std::string>& parts) override;
@@ -161,6 +169,16 @@ struct RestoreStats {
   int64_t staging_peak = 0;   // host staging bytes held at once
   double seconds = 0;
 };
+
+// The box `box` of the saved array `path`, read into host memory (no mesh, no devices) from the
+// chunks that intersect it, cast to `dtype` (default: the saved one): what a streaming conversion
+// reads, a slab at a time. Throws ValueError for a path the item lacks, a box outside the shape,
+// and what a restore throws for its chunks.
+HostArray read_box(const CheckpointItem& item, const std::string& path, const Box& box,
+                   std::optional<DType> dtype = std::nullopt, const RestoreOptions& options = {});
+// The same into `out` (exactly the box's bytes), a buffer the caller keeps and reuses.
+void read_box_into(const CheckpointItem& item, const std::string& path, const Box& box, std::span<std::byte> out,
+                   std::optional<DType> dtype = std::nullopt, const RestoreOptions& options = {});
 
 // Restores into the structure, shapes, dtypes (cast when they differ from the saved ones) and
 // shardings of `target` (e.g. eval_shape on any mesh; every leaf needs a sharding). Throws

@@ -1,14 +1,23 @@
 // Conversions: the target ladder picks and places the leaves, restore reads a batch of them at a
-// time straight into their blocks, a StateWriter writes them from there.
+// time straight into their blocks, a StateWriter writes them from there; through a key map, each
+// target is made a piece at a time from boxes of its sources.
 #include "tessel/checkpoint/convert.h"
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdlib>
+#include <new>
 #include <map>
+#include <mutex>
 
+#include "tessel/checkpoint/detail/io/parallel.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
+#include "tessel/core/permute.h"
 #include "tessel/runtime/cast.h"
+#include "tessel/runtime/detail/kernels.h"
 
 namespace tessel {
 namespace fs = std::filesystem;
@@ -59,10 +68,45 @@ class StepRoot {
   bool committed_ = false;
 };
 
-// A key map's conversion: each target tensor made on the host from its source tensors (restored
-// onto one device), then written.
-ConvertReport convert_mapped(const Runtime& rt, const CheckpointItem& src, const fs::path& dst,
-                             const ConvertOptions& options, CheckpointFormat format) {
+// A worker's reusable buffer, page-aligned so that large blocks written from it can go to the disk
+// directly (O_DIRECT wants aligned memory); it grows and is never cleared.
+class PageBuffer {
+ public:
+  PageBuffer() = default;
+  PageBuffer(const PageBuffer&) = delete;
+  PageBuffer& operator=(const PageBuffer&) = delete;
+  ~PageBuffer() { std::free(data_); }
+  std::span<std::byte> get(size_t n) {
+    if (n > capacity_) {
+      std::free(data_);
+      data_ = nullptr;
+      capacity_ = (n + kPage - 1) / kPage * kPage;
+      data_ = static_cast<std::byte*>(std::aligned_alloc(kPage, capacity_));
+      if (!data_) throw std::bad_alloc();
+    }
+    return {data_, n};
+  }
+
+ private:
+  static constexpr size_t kPage = 4096;
+  std::byte* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// `h` as `dtype`, rounded to nearest even.
+HostArray cast_host(HostArray h, DType dtype) {
+  if (h.dtype() == dtype) return h;
+  HostArray out(h.shape(), dtype);
+  detail::convert_run(h.dtype(), h.bytes().data(), dtype, out.mutable_bytes().data(), h.shape().num_elements());
+  return out;
+}
+
+// A key map's conversion, streaming: each piece of a target (a stacked tensor's slab per source
+// forward; the slab of a stacked source each target needs backward; else a whole tensor) is read
+// from its source's box, made on the host and written as a block of its target, pieces in
+// parallel within a budget of host bytes, so no stacked tensor is ever whole in memory.
+ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, const ConvertOptions& options,
+                             CheckpointFormat format) {
   const TargetSpec& spec = options.target;
   if (spec.mesh || !spec.specs.empty() || !spec.logical_axes.empty() || !spec.axis_map.empty() || !spec.paths.empty() ||
       !spec.shardings.empty() || options.as_step || !options.extra.empty()) {
@@ -79,34 +123,92 @@ ConvertReport convert_mapped(const Runtime& rt, const CheckpointItem& src, const
   const MapPlan plan = plan_key_map(*options.map, source);
   const Mesh host({{"host", 1}});
   const NamedSharding on_host(host, PartitionSpec{});
+  // Pieces of a quarter of the budget: a piece is held as its source's part, a copy of it
+  // (transposed), and a cast.
+  const int64_t max_piece = std::max<int64_t>(options.batch_bytes / 4, 1);
+  struct Work {
+    const MappedTensor* tensor;
+    MapPiece piece;
+    int64_t bytes;  // held while it is made: the source's part, the piece, a copy of either
+  };
+  std::vector<Work> work;
   State target;
-  for (const auto& [path, v] : plan.target)
-    target.insert(rename_path(path, spec.rename),
-                  Variable::abstract(kParam, v.shape(), options.dtype.value_or(v.dtype()), on_host));
-  std::unique_ptr<StateWriter> writer = make_writer(format, dst, target, options, std::nullopt);
-  std::map<std::string, HostArray> cache;  // the sources of the last tensor (an unstacked source feeds several)
-  RestoreOptions restore_options;
-  restore_options.partial = true;
-  restore_options.staging_bytes = options.staging_bytes;
-  ConvertReport report;
+  ConvertOptions writing = options;
   for (const MappedTensor& t : plan.tensors) {
-    State wanted;
-    for (const std::string& p : t.sources)
-      if (!cache.contains(p))
-        wanted.insert(p, Variable::abstract(kParam, source.at(p).shape(), source.at(p).dtype(), on_host));
-    std::map<std::string, HostArray> next;
-    for (const std::string& p : t.sources)
-      if (auto it = cache.find(p); it != cache.end()) next.emplace(p, std::move(it->second));
-    if (!wanted.empty())
-      for (const auto& [p, v] : restore(rt, src, wanted, restore_options)) next.emplace(p, to_host(v.array()));
-    cache = std::move(next);
-    std::vector<const HostArray*> inputs;
-    for (const std::string& p : t.sources) inputs.push_back(&cache.at(p));
-    Array made = device_put(rt, apply_mapped(t, inputs), on_host);
-    if (options.dtype) made = cast(made, *options.dtype);
-    writer->write(rename_path(t.path, spec.rename), made);
-    report.bytes += made.nbytes();
+    const std::string path = rename_path(t.path, spec.rename);
+    // safetensors records no sharding, and takes a tensor in any boxes.
+    const DType dtype = options.dtype.value_or(t.dtype);
+    target.insert(path, format == CheckpointFormat::kSafetensors ? Variable::abstract(kParam, t.shape, dtype)
+                                                                 : Variable::abstract(kParam, t.shape, dtype, on_host));
+    const Variable& s = source.at(t.sources.front());
+    // Slabs read in one run each where the result takes any blocks (Orbax's chunks); safetensors
+    // is written in runs of the target's rows.
+    std::vector<MapPiece> pieces = map_pieces(t, s.shape(), max_piece, format == CheckpointFormat::kOrbax);
+    // A tensor made in pieces is written a piece at a time: its blocks (and chunks) are theirs.
+    if (pieces.size() > 1) writing.orbax.block_shapes[path] = pieces.front().target_box.shape();
+    for (MapPiece& p : pieces) {
+      int64_t in = 0;
+      for (const MapPiece::Read& r : p.reads) in += r.box.volume() * static_cast<int64_t>(item_size(s.dtype()));
+      const int64_t out = p.target_box.volume() * static_cast<int64_t>(item_size(options.dtype.value_or(t.dtype)));
+      work.push_back({&t, std::move(p), 2 * in + out});
+    }
   }
+  std::unique_ptr<StateWriter> writer = make_writer(format, dst, target, writing, std::nullopt);
+  RestoreOptions reading;
+  reading.staging_bytes = options.staging_bytes;
+  reading.readers = 1;  // the pieces are the parallel work
+  detail::ByteBudget budget(options.batch_bytes);
+  std::mutex writing_mu;  // a writer takes one call at a time
+  ConvertReport report;
+  auto write = [&](const MappedTensor& t, const Box& box, std::span<const std::byte> bytes) {
+    const HostBlock block{box, bytes};
+    std::lock_guard lock(writing_mu);
+    writer->write(rename_path(t.path, spec.rename), std::span<const HostBlock>(&block, 1));
+    report.bytes += static_cast<int64_t>(bytes.size());
+  };
+  // Each worker's two buffers, reused from piece to piece: no fresh pages to fault in and clear.
+  // More workers than cores: while one waits on the disk (a direct write), others read and permute.
+  const int threads = detail::default_threads(0, 4);
+  std::vector<std::array<PageBuffer, 2>> scratch(static_cast<size_t>(threads));
+  detail::run_parallel(static_cast<int64_t>(work.size()), threads, [&](int64_t i, int worker) {
+    const Work& w = work[static_cast<size_t>(i)];
+    const MappedTensor& t = *w.tensor;
+    detail::ByteLease lease(budget, w.bytes);
+    const DType saved = source.at(t.sources.front()).dtype();
+    const Shape& source_shape = source.at(t.sources.front()).shape();
+    // Steps that only permute (most tensors): read into one buffer, permute into the other.
+    if (const auto perm = map_permutation(t, source_shape); perm && (!options.dtype || *options.dtype == saved)) {
+      const MapPiece::Read& r = w.piece.reads.front();
+      const size_t bytes = static_cast<size_t>(r.box.volume()) * item_size(saved);
+      const std::span<std::byte> in = scratch[static_cast<size_t>(worker)][0].get(bytes);
+      read_box_into(src, t.sources[r.source], r.box, in, std::nullopt, reading);
+      std::vector<int64_t> dims = r.box.shape().dims();
+      if (!t.forward)
+        for (auto it = t.unstack.rbegin(); it != t.unstack.rend(); ++it) dims.erase(dims.begin() + *it);
+      if (std::is_sorted(perm->begin(), perm->end())) {
+        write(t, w.piece.target_box, in);
+        return;
+      }
+      const std::span<std::byte> out = scratch[static_cast<size_t>(worker)][1].get(bytes);
+      permute_copy(in.data(), Shape(std::move(dims)), item_size(saved), *perm, out.data());
+      write(t, w.piece.target_box, out);
+      return;
+    }
+    // Into a wider dtype before the map's steps, so that a scale is exact there and undone
+    // exactly on the way back; into a narrower one after, so that values round once.
+    const bool widen = options.dtype && item_size(*options.dtype) >= item_size(saved);
+    std::vector<HostArray> parts;
+    for (const MapPiece::Read& r : w.piece.reads) {
+      parts.push_back(read_box(src, t.sources[r.source], r.box, std::nullopt, reading));
+      if (widen) parts.back() = cast_host(std::move(parts.back()), *options.dtype);
+    }
+    HostArray made = apply_piece(t, w.piece, std::move(parts));
+    if (options.dtype && !widen) made = cast_host(std::move(made), *options.dtype);
+    // Copied into the aligned buffer, so that it too may go to the disk directly.
+    const std::span<std::byte> out = scratch[static_cast<size_t>(worker)][1].get(made.bytes().size());
+    std::copy(made.bytes().begin(), made.bytes().end(), out.begin());
+    write(t, w.piece.target_box, out);
+  });
   writer->commit();
   report.written = format;
   report.source_tensors = static_cast<int64_t>(source.size());
@@ -127,7 +229,7 @@ ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const fs::pa
   const CheckpointFormat format = convert_format(src, options);
   if (format == CheckpointFormat::kSafetensors && (options.as_step || !options.extra.empty()))
     throw ValueError("a step layout and extra leaves are Orbax's: safetensors holds tensors only");
-  if (options.map) return convert_mapped(rt, src, dst, options, format);
+  if (options.map) return convert_mapped(src, dst, options, format);
   const auto t0 = std::chrono::steady_clock::now();
   TargetSpec spec = options.target;
   if (!spec.rules) spec.rules = src.metadata().rules;

@@ -1,3 +1,5 @@
+// Key maps planned and applied: which source tensors make which target, in which direction, and
+// the steps on their values, whole or a piece at a time.
 #include "tessel/checkpoint/key_map.h"
 
 #include <algorithm>
@@ -9,92 +11,17 @@
 
 #include <fmt/format.h>
 
-#include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/core/box_copy.h"
 #include "tessel/core/error.h"
 #include "tessel/core/half.h"
+#include "tessel/core/permute.h"
 #include "tessel/detail/text_util.h"
-#include "tessel/detail/yaml_util.h"
 
 namespace tessel {
-namespace fs = std::filesystem;
-using yaml_util::fail;
 
 namespace {
 
-std::string levels(std::string pattern) {
-  std::replace(pattern.begin(), pattern.end(), '.', '/');
-  return pattern;
-}
-
-// The placeholders: a layer index {i} and an expert index {e}.
-constexpr std::string_view kLayer = "{i}", kExpert = "{e}";
-bool has(const std::string& pattern, std::string_view placeholder) {
-  return pattern.find(placeholder) != std::string::npos;
-}
-
-// A scalar with every "{name}" replaced by its variable.
-std::string substituted(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars,
-                        std::string_view what) {
-  if (!n.IsScalar()) fail(source, n, fmt::format("{} must be a single value", what));
-  const std::string& raw = n.Scalar();
-  std::string text;
-  for (size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] != '{') {
-      text += raw[i];
-      continue;
-    }
-    const size_t end = raw.find('}', i);
-    if (end == std::string::npos) fail(source, n, fmt::format("{}: '{}' has an unclosed {{", what, raw));
-    auto it = vars.find(raw.substr(i + 1, end - i - 1));
-    if (it == vars.end())
-      fail(source, n, fmt::format("{}: no value for {} (give it in vars: or --map-var)", what, raw.substr(i, end - i + 1)));
-    text += it->second;
-    i = end;
-  }
-  return text;
-}
-
-// A scalar as an integer, "{name}" taken from the variables.
-int64_t int_of(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars,
-               std::string_view what) {
-  const std::string text = substituted(source, n, vars, what);
-  const auto v = text_util::parse_number<int64_t>(text);
-  if (!v) fail(source, n, fmt::format("{} must be an integer, got '{}'", what, text));
-  return *v;
-}
-
-// "2", "0.5", "sqrt(128)", "1/sqrt({head_dim})": a positive finite factor.
-double scale_of(const std::string& source, const YAML::Node& n, const std::map<std::string, std::string>& vars) {
-  std::string text = substituted(source, n, vars, "scale");
-  std::erase(text, ' ');
-  auto term = [&](std::string_view t) {
-    const bool root = t.starts_with("sqrt(") && t.ends_with(")");
-    if (root) t = t.substr(5, t.size() - 6);
-    const auto v = text_util::parse_number<double>(t);
-    if (!v || !(*v > 0)) fail(source, n, fmt::format("scale '{}' must be a positive number, sqrt(N) or A/B of those", n.Scalar()));
-    return root ? std::sqrt(*v) : *v;
-  };
-  const size_t slash = text.find('/');
-  const double v = slash == std::string::npos ? term(text) : term(text.substr(0, slash)) / term(text.substr(slash + 1));
-  if (!(v > 0) || !std::isfinite(v)) fail(source, n, fmt::format("scale '{}' is not a positive finite factor", n.Scalar()));
-  return v;
-}
-
-std::string pattern_of(const std::string& source, const YAML::Node& rule, std::string_view what) {
-  const YAML::Node n = rule[std::string(what)];
-  if (!n) fail(source, rule, fmt::format("a rule needs {}", what));
-  if (!n.IsScalar() || n.Scalar().empty()) fail(source, n, fmt::format("{} must be a name pattern", what));
-  const std::string p = levels(n.Scalar());
-  for (std::string_view placeholder : {kLayer, kExpert}) {
-    const size_t first = p.find(placeholder);
-    if (first != std::string::npos && p.find(placeholder, first + 1) != std::string::npos)
-      fail(source, n, fmt::format("{} '{}' holds {} twice", what, n.Scalar(), placeholder));
-  }
-  for (const std::string_view level : text_util::split(p, '/'))
-    if (level.empty()) fail(source, n, fmt::format("{} '{}' has an empty level", what, n.Scalar()));
-  return p;
-}
+constexpr std::string_view kLayer = KeyMapRule::kLayer, kExpert = KeyMapRule::kExpert;
 
 // A pattern as a regex, with the capture groups of {i} and {e} (0: absent).
 struct Pattern {
@@ -233,6 +160,71 @@ Shape merge_shape(const KeyMapRule& r, const Shape& s, const std::string& what) 
   return Shape(std::move(out));
 }
 
+// The shape a take leaves (forward), and the one its parts fill back (backward).
+Shape take_shape(const KeyMapRule& r, const Shape& s, const std::string& what) {
+  if (!r.take) return s;
+  const auto axis = static_cast<size_t>(r.take->axis);
+  if (axis >= s.rank() || s[axis] % r.take->step != 0)
+    throw ValueError(fmt::format("{}: take [{}, {}, {}] needs an axis {} whose size divides by {} in {}", what,
+                                 r.take->axis, r.take->start, r.take->step, axis, r.take->step, s.to_string()));
+  std::vector<int64_t> d = s.dims();
+  d[axis] /= r.take->step;
+  return Shape(std::move(d));
+}
+Shape untake_shape(const KeyMapRule& r, const Shape& s, const std::string& what) {
+  if (!r.take) return s;
+  const auto axis = static_cast<size_t>(r.take->axis);
+  if (axis >= s.rank())
+    throw ValueError(fmt::format("{}: take axis {} of a rank-{} tensor", what, axis, s.rank()));
+  std::vector<int64_t> d = s.dims();
+  d[axis] *= r.take->step;
+  return Shape(std::move(d));
+}
+
+// Rows of `axis` (with everything after it) as runs of bytes: `outer` runs before, `inner` bytes each.
+struct AxisRuns {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+AxisRuns runs_along(const Shape& s, size_t axis, size_t item) {
+  AxisRuns r;
+  for (size_t d = 0; d < axis; ++d) r.outer *= s[d];
+  r.n = s[axis];
+  r.inner = static_cast<int64_t>(item);
+  for (size_t d = axis + 1; d < s.rank(); ++d) r.inner *= s[d];
+  return r;
+}
+
+// Every `step`-th row of `axis` from `start`.
+HostArray take_rows(const HostArray& in, const KeyMapRule::Take& t) {
+  const auto axis = static_cast<size_t>(t.axis);
+  std::vector<int64_t> d = in.shape().dims();
+  d[axis] /= t.step;
+  HostArray out(Shape(std::move(d)), in.dtype());
+  const AxisRuns from = runs_along(in.shape(), axis, item_size(in.dtype()));
+  const int64_t rows = from.n / t.step;
+  for (int64_t o = 0; o < from.outer; ++o)
+    for (int64_t k = 0; k < rows; ++k)
+      std::memcpy(out.mutable_bytes().data() + (o * rows + k) * from.inner,
+                  in.bytes().data() + (o * from.n + t.start + k * t.step) * from.inner, static_cast<size_t>(from.inner));
+  return out;
+}
+
+// The parts of a take (ordered by start, 0..step-1) put back together along `axis`.
+HostArray untake_rows(const std::vector<HostArray>& parts, size_t axis) {
+  const auto step = static_cast<int64_t>(parts.size());
+  std::vector<int64_t> d = parts.front().shape().dims();
+  d[axis] *= step;
+  HostArray out(Shape(std::move(d)), parts.front().dtype());
+  const AxisRuns part = runs_along(parts.front().shape(), axis, item_size(out.dtype()));
+  for (int64_t p = 0; p < step; ++p)
+    for (int64_t o = 0; o < part.outer; ++o)
+      for (int64_t k = 0; k < part.n; ++k)
+        std::memcpy(out.mutable_bytes().data() + (o * part.n * step + p + k * step) * part.inner,
+                    parts[static_cast<size_t>(p)].bytes().data() + (o * part.n + k) * part.inner,
+                    static_cast<size_t>(part.inner));
+  return out;
+}
+
 Shape insert_axis(const Shape& s, size_t axis, int64_t n) {
   std::vector<int64_t> d = s.dims();
   d.insert(d.begin() + static_cast<long>(axis), n);
@@ -247,34 +239,14 @@ Shape remove_axis(const Shape& s, size_t axis) {
 // A permuted copy: out[k] = in[perm[k]] per dimension.
 HostArray transpose(const HostArray& in, const std::vector<int64_t>& perm) {
   if (perm.empty()) return in;
-  const Shape& s = in.shape();
-  const size_t rank = s.rank(), item = item_size(in.dtype());
-  HostArray out(transposed(s, perm), in.dtype());
-  if (s.num_elements() == 0) return out;
-  std::vector<int64_t> in_strides(rank, 1);
-  for (size_t d = rank; d-- > 1;) in_strides[d - 1] = in_strides[d] * s[d];
-  std::vector<int64_t> stride(rank);  // input stride of each output dimension
-  for (size_t k = 0; k < rank; ++k) stride[k] = in_strides[static_cast<size_t>(perm[k])];
-  const Shape& o = out.shape();
-  const std::byte* src = in.bytes().data();
-  std::byte* dst = out.mutable_bytes().data();
-  std::vector<int64_t> at(rank, 0);
-  const int64_t inner = o[rank - 1], inner_stride = stride[rank - 1];
-  for (int64_t row = 0, rows = o.num_elements() / inner; row < rows; ++row) {
-    int64_t base = 0;
-    for (size_t k = 0; k + 1 < rank; ++k) base += at[k] * stride[k];
-    for (int64_t j = 0; j < inner; ++j, dst += item)
-      std::memcpy(dst, src + (base + j * inner_stride) * static_cast<int64_t>(item), item);
-    for (size_t k = rank - 1; k-- > 0;) {
-      if (++at[k] < o[k]) break;
-      at[k] = 0;
-    }
-  }
+  HostArray out(transposed(in.shape(), perm), in.dtype());
+  permute_copy(in.bytes().data(), in.shape(), item_size(in.dtype()), perm, out.mutable_bytes().data());
   return out;
 }
 
 HostArray reshaped(HostArray a, const Shape& shape) {
-  return HostArray(shape, a.dtype(), std::vector<std::byte>(a.bytes().begin(), a.bytes().end()));
+  a.reshape(shape);
+  return a;
 }
 
 // Every value times `factor`: in double for f64, in float32 for the narrower floats (as NumPy's
@@ -331,125 +303,57 @@ std::vector<std::pair<int64_t, std::string_view>> stack_axes(const KeyMapRule& r
   return out;
 }
 
-}  // namespace
-
-namespace {
-
-KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
-                          const std::map<std::string, std::string>& given);
-
-}  // namespace
-
-KeyMap parse_key_map(std::string_view yaml, std::string source, const std::map<std::string, std::string>& given) {
-  const YAML::Node root = yaml_util::load(yaml, source);
-  try {
-    return parse_key_map_node(root, source, given);
-  } catch (const YAML::Exception& e) {  // a scalar where a map was wanted, a bad boolean, ...
-    if (e.mark.is_null()) throw ParseError(source, 0, 0, "bad key map: " + e.msg);
-    throw ParseError(source, e.mark.line + 1, e.mark.column + 1, "bad key map: " + e.msg);
-  }
+// Rules alike but for their take's start: the parts of one tensor.
+bool parts_alike(const KeyMapRule& a, const KeyMapRule& b) {
+  return a.transpose == b.transpose && a.split_axis == b.split_axis && a.split_sizes == b.split_sizes &&
+         a.interleave == b.interleave && a.scale == b.scale && a.stack == b.stack &&
+         a.stack_experts == b.stack_experts && a.take && b.take && a.take->axis == b.take->axis &&
+         a.take->step == b.take->step;
 }
 
-namespace {
-
-KeyMap parse_key_map_node(const YAML::Node& root, const std::string& source,
-                          const std::map<std::string, std::string>& given) {
-  if (!root.IsMap()) fail(source, root, "a key map is a mapping with `rules` (and optionally `vars`)");
-  std::map<std::string, std::string> vars;
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    if (key != "rules" && key != "vars") fail(source, kv.first, fmt::format("unknown key '{}' (expected rules, vars)", key));
+// Backward: the targets that takes' parts make (one per rule, the same path) become one, its
+// sources ordered by the takes' starts, which must be 0..step-1 with rules and sources alike.
+std::vector<MappedTensor> with_takes_together(std::vector<MappedTensor> tensors, const State& source,
+                                              const std::string& map_name) {
+  std::vector<MappedTensor> out;
+  std::map<std::string, size_t> slot;  // a take's target -> its place in `out`
+  std::map<std::string, std::vector<MappedTensor>> parts;
+  for (MappedTensor& t : tensors) {
+    if (!t.rule->take) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    if (slot.emplace(t.path, out.size()).second) out.emplace_back();
+    parts[t.path].push_back(std::move(t));
   }
-  if (root["vars"]) {
-    if (!root["vars"].IsMap()) fail(source, root["vars"], "vars must be a mapping of names to values");
-    for (const auto& kv : root["vars"]) vars[kv.first.as<std::string>()] = kv.second.as<std::string>();
+  for (auto& [path, ps] : parts) {
+    std::sort(ps.begin(), ps.end(),
+              [](const MappedTensor& a, const MappedTensor& b) { return a.rule->take->start < b.rule->take->start; });
+    const MappedTensor& first = ps.front();
+    const Variable& first_source = source.at(first.sources.front());
+    bool alike = static_cast<int64_t>(ps.size()) == first.rule->take->step;
+    std::vector<std::string> names;
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const Variable& v = source.at(ps[k].sources.front());
+      alike = alike && ps[k].rule->take->start == static_cast<int64_t>(k) && parts_alike(*ps[k].rule, *first.rule) &&
+              ps[k].index == first.index && v.shape() == first_source.shape() && v.dtype() == first_source.dtype();
+      names.push_back(fmt::format("'{}' (start {})", ps[k].sources.front(), ps[k].rule->take->start));
+    }
+    if (!alike)
+      throw ValueError(fmt::format("{}: '{}' comes back from the parts its takes made, {} alike parts with starts "
+                                   "0..{} and the same steps; the source has {}",
+                                   map_name, path, first.rule->take->step, first.rule->take->step - 1,
+                                   fmt::join(names, ", ")));
+    MappedTensor merged = first;
+    merged.sources.clear();
+    for (const MappedTensor& p : ps) merged.sources.push_back(p.sources.front());
+    merged.takes = true;
+    out[slot.at(path)] = std::move(merged);
   }
-  for (const auto& [k, v] : given) vars[k] = v;
-  const YAML::Node rules = root["rules"];
-  if (!rules || !rules.IsSequence() || rules.size() == 0) fail(source, root, "rules must be a non-empty list");
-  KeyMap map{{}, source};
-  for (const YAML::Node& n : rules) {
-    if (!n.IsMap()) fail(source, n, "each rule is a mapping with from and to");
-    for (const auto& kv : n) {
-      const std::string key = kv.first.as<std::string>();
-      static const std::set<std::string> known = {"from",  "to",         "transpose", "split",  "stack",
-                                                  "stack_experts", "layers", "interleave", "scale", "optional"};
-      if (!known.contains(key))
-        fail(source, kv.first,
-             fmt::format("unknown rule key '{}' (expected from, to, transpose, split, interleave, stack, "
-                         "stack_experts, layers, scale, optional)", key));
-    }
-    KeyMapRule r;
-    r.from = pattern_of(source, n, "from");
-    r.to = pattern_of(source, n, "to");
-    if (has(r.to, kLayer) && !has(r.from, kLayer)) fail(source, n["to"], "to has {i} but from has not");
-    if (has(r.to, kExpert) && !has(r.from, kExpert)) fail(source, n["to"], "to has {e} but from has not");
-    if (const YAML::Node t = n["transpose"]) {
-      if (!t.IsSequence()) fail(source, t, "transpose must be a list (a permutation)");
-      for (const YAML::Node& p : t) r.transpose.push_back(int_of(source, p, vars, "transpose"));
-      std::vector<int64_t> sorted = r.transpose;
-      std::sort(sorted.begin(), sorted.end());
-      for (size_t k = 0; k < sorted.size(); ++k)
-        if (sorted[k] != static_cast<int64_t>(k)) fail(source, t, "transpose is not a permutation of 0..rank-1");
-    }
-    if (const YAML::Node s = n["split"]) {
-      if (!s.IsSequence() || s.size() != 2 || !s[1].IsSequence() || s[1].size() < 1)
-        fail(source, s, "split is [axis, [size, ...]]");
-      r.split_axis = int_of(source, s[0], vars, "split axis");
-      int unknowns = 0;
-      for (const YAML::Node& x : s[1]) {
-        r.split_sizes.push_back(int_of(source, x, vars, "split size"));
-        if (r.split_sizes.back() == -1) ++unknowns;
-        else if (r.split_sizes.back() <= 0) fail(source, x, "split sizes are positive, or -1 once");
-      }
-      if (unknowns > 1 || *r.split_axis < 0) fail(source, s, "split has more than one -1 or a negative axis");
-    }
-    if (const YAML::Node s = n["stack"]) {
-      r.stack = int_of(source, s, vars, "stack");
-      if (*r.stack < 0) fail(source, s, "stack must be a non-negative axis");
-    }
-    if (has(r.from, kLayer) && !has(r.to, kLayer) && !r.stack)
-      fail(source, n, "from has {i} and to has not: say along which axis the layers stack (stack: AXIS)");
-    if (r.stack && !(has(r.from, kLayer) && !has(r.to, kLayer)))
-      fail(source, n["stack"], "stack needs {i} in from and not in to");
-    if (const YAML::Node s = n["stack_experts"]) {
-      r.stack_experts = int_of(source, s, vars, "stack_experts");
-      if (*r.stack_experts < 0) fail(source, s, "stack_experts must be a non-negative axis");
-      if (!(has(r.from, kExpert) && !has(r.to, kExpert))) fail(source, s, "stack_experts needs {e} in from and not in to");
-      if (r.stack && *r.stack == *r.stack_experts) fail(source, s, "stack and stack_experts must be different axes");
-    }
-    if (const YAML::Node l = n["layers"]) {
-      if (!l.IsSequence() || l.size() < 1 || l.size() > 2) fail(source, l, "layers is [START] or [START, STOP]");
-      if (!has(r.from, kLayer)) fail(source, l, "layers needs {i} in from");
-      r.layer_start = int_of(source, l[0], vars, "layers start");
-      if (l.size() == 2) r.layer_stop = int_of(source, l[1], vars, "layers stop");
-      if (r.layer_start < 0 || (r.layer_stop && *r.layer_stop < r.layer_start))
-        fail(source, l, "layers must be 0 <= START <= STOP");
-    }
-    if (has(r.from, kExpert) && !has(r.to, kExpert) && !r.stack_experts)
-      fail(source, n, "from has {e} and to has not: say along which axis the experts stack (stack_experts: AXIS)");
-    if (const YAML::Node i = n["interleave"]) {
-      r.interleave = int_of(source, i, vars, "interleave");
-      if (*r.interleave < 0) fail(source, i, "interleave must be a non-negative axis");
-    }
-    if (const YAML::Node f = n["scale"]) r.scale = scale_of(source, f, vars);
-    if (const YAML::Node o = n["optional"]) r.optional = o.as<bool>();
-    map.rules.push_back(std::move(r));
-  }
-  return map;
-}
-
-}  // namespace
-
-KeyMap load_key_map(const fs::path& file, const std::map<std::string, std::string>& vars) {
-  return parse_key_map(detail::read_file(file, int64_t{16} << 20), file.string(), vars);
-}
-
-std::map<std::string, std::string> parse_map_vars(std::string_view text) {
-  std::map<std::string, std::string> out;
-  for (auto& [name, value] : text_util::parse_assignments(text, "--map-var", "NAME=VALUE")) out[name] = value;
   return out;
 }
+
+}  // namespace
 
 MapPlan plan_key_map(const KeyMap& map, const State& source) {
   std::vector<Pattern> from, to;
@@ -457,18 +361,20 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
     from.push_back(regex_of(r.from));
     to.push_back(regex_of(r.to));
   }
-  // The first rule whose pattern (one side) matches each source path, with its {i} and {e}.
+  // The first rule whose pattern (one side) matches each source path, with its {i} and {e}; on
+  // the `from` side, a first rule with a take is followed by every other take rule that matches.
   struct Match {
     size_t rule;
     int64_t layer, expert;  // -1: not in the pattern
   };
   // Matching `from` names, a rule takes only the layers in its range, numbered from its start.
   auto match_all = [&](const std::vector<Pattern>& patterns, bool from_side, std::vector<std::string>& unmatched) {
-    std::map<std::string, Match, PathLess> out;
+    std::multimap<std::string, Match, PathLess> out;
     for (const auto& entry : source) {
       const std::string& path = entry.first;
-      bool found = false;
-      for (size_t r = 0; r < patterns.size() && !found; ++r) {
+      bool found = false, takes = false;
+      for (size_t r = 0; r < patterns.size() && (!found || takes); ++r) {
+        if (found && !map.rules[r].take) continue;
         std::smatch m;
         if (std::regex_match(path, m, patterns[r].re)) {
           auto group = [&](size_t g) -> int64_t {
@@ -485,6 +391,7 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
             match.layer -= rule.layer_start;
           }
           out.emplace(path, match);
+          takes = !found && from_side && rule.take;
           found = true;
         }
       }
@@ -523,8 +430,9 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
       if (r.transpose.size() && r.transpose.size() != v.shape().rank())
         throw ValueError(fmt::format("{}: transpose of {} axes for a rank-{} tensor", what, r.transpose.size(),
                                      v.shape().rank()));
-      const Shape s = split_shape(r, transposed(v.shape(), r.transpose), what);
-      check_value_steps(r, s, v.dtype(), what);
+      const Shape split = split_shape(r, transposed(v.shape(), r.transpose), what);
+      check_value_steps(r, split, v.dtype(), what);
+      const Shape s = take_shape(r, split, what);
       const auto axes = stack_axes(r);
       if (!axes.empty()) {
         std::vector<int64_t> at;
@@ -550,8 +458,9 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
           unstack.push_back(axis);
           counts.push_back(v.shape()[static_cast<size_t>(axis)]);
         }
-        check_value_steps(r, slice, v.dtype(), what);
-        const Shape s = untransposed(merge_shape(r, slice, what), r.transpose);
+        const Shape whole = untake_shape(r, slice, what);
+        check_value_steps(r, whole, v.dtype(), what);
+        const Shape s = untransposed(merge_shape(r, whole, what), r.transpose);
         int64_t total = 1;
         for (int64_t c : counts) total *= c;
         for (int64_t n = 0; n < total; ++n) {
@@ -562,10 +471,11 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
                                   {path}, {}, unstack, at, &r, false});
         }
       } else {
-        if (r.transpose.size() && r.transpose.size() != merge_shape(r, v.shape(), what).rank())
+        const Shape whole = untake_shape(r, v.shape(), what);
+        if (r.transpose.size() && r.transpose.size() != merge_shape(r, whole, what).rank())
           throw ValueError(fmt::format("{}: transpose of {} axes does not fit", what, r.transpose.size()));
-        check_value_steps(r, v.shape(), v.dtype(), what);
-        const Shape s = untransposed(merge_shape(r, v.shape(), what), r.transpose);
+        check_value_steps(r, whole, v.dtype(), what);
+        const Shape s = untransposed(merge_shape(r, whole, what), r.transpose);
         plan.tensors.push_back({with_indices(r.from, m.layer < 0 ? m.layer : m.layer + r.layer_start, m.expert), s,
                                 v.dtype(), {path}, {}, {}, {}, &r, false});
       }
@@ -603,7 +513,7 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
                                      type_string(first.dtype(), first.shape())));
       paths.push_back(p);
     }
-    Shape s = split_shape(r, transposed(first.shape(), r.transpose), "'" + target + "'");
+    Shape s = take_shape(r, split_shape(r, transposed(first.shape(), r.transpose), "'" + target + "'"), "'" + target + "'");
     std::vector<int64_t> stack;
     for (size_t k = 0; k < axes.size(); ++k) {
       const auto axis = static_cast<size_t>(axes[k].first);
@@ -614,6 +524,7 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
     }
     plan.tensors.push_back({target, s, first.dtype(), paths, stack, {}, {}, &r, true});
   }
+  if (!fwd) plan.tensors = with_takes_together(std::move(plan.tensors), source, map.source);
   std::vector<std::string> unused;
   for (size_t r = 0; r < map.rules.size(); ++r)
     if (used[r] == 0 && !map.rules[r].optional) unused.push_back(fwd ? map.rules[r].from : map.rules[r].to);
@@ -629,15 +540,35 @@ MapPlan plan_key_map(const KeyMap& map, const State& source) {
 
 namespace {
 
+// One source's part of the target, forward: transposed, split, interleaved, taken.
+HostArray forward_layout(const MappedTensor& t, HostArray a) {
+  const KeyMapRule& r = *t.rule;
+  const Shape split_to = split_shape(r, transposed(a.shape(), r.transpose), t.path);
+  HostArray split = reshaped(r.transpose.empty() ? std::move(a) : transpose(a, r.transpose), split_to);
+  if (r.interleave) split = interleaved(split, static_cast<size_t>(*r.interleave), true);
+  return r.take ? take_rows(split, *r.take) : split;
+}
+
+// Backward, from the source's slice (the source's rank, its unstacked axes of extent 1), or a
+// take's parts' slices: put together, de-interleaved, merged, transposed back.
+HostArray backward_layout(const MappedTensor& t, std::vector<HostArray> parts) {
+  const KeyMapRule& r = *t.rule;
+  for (HostArray& part : parts) {
+    Shape s = part.shape();
+    for (auto it = t.unstack.rbegin(); it != t.unstack.rend(); ++it) s = remove_axis(s, static_cast<size_t>(*it));
+    part.reshape(s);
+  }
+  HostArray piece = t.takes ? untake_rows(parts, static_cast<size_t>(r.take->axis)) : std::move(parts.front());
+  if (r.interleave) piece = interleaved(piece, static_cast<size_t>(*r.interleave), false);
+  const Shape merged = merge_shape(r, piece.shape(), t.path);
+  return transpose(reshaped(std::move(piece), merged), r.transpose.empty() ? r.transpose : inverse(r.transpose));
+}
+
 // The target's layout (transposed, split, interleaved, stacked; or the way back) of its sources.
 HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
-  const KeyMapRule& r = *t.rule;
   const size_t item = item_size(t.dtype);
   if (t.forward) {
-    auto one = [&](const HostArray& a) {
-      HostArray split = reshaped(transpose(a, r.transpose), split_shape(r, transposed(a.shape(), r.transpose), t.path));
-      return r.interleave ? interleaved(split, static_cast<size_t>(*r.interleave), true) : split;
-    };
+    auto one = [&](const HostArray& a) { return forward_layout(t, a); };
     if (t.stack.empty()) return one(*sources.front());
     HostArray out(t.shape, t.dtype);
     std::vector<int64_t> counts;
@@ -649,26 +580,123 @@ HostArray apply_layout(const MappedTensor& t, const std::vector<const HostArray*
     }
     return out;
   }
-  const HostArray& src = *sources.front();
-  HostArray piece = src;
-  if (!t.unstack.empty()) {
-    const Box region = slice_box(src.shape(), t.unstack, t.index);
-    Shape s = src.shape();
-    for (auto it = t.unstack.rbegin(); it != t.unstack.rend(); ++it) s = remove_axis(s, static_cast<size_t>(*it));
-    HostArray slice(s, t.dtype);
-    copy_region(src.bytes().data(), Box::full(src.shape()), slice.mutable_bytes().data(), region, region, item);
-    piece = std::move(slice);
+  std::vector<HostArray> parts;
+  for (const HostArray* src : sources) {
+    if (t.unstack.empty()) {
+      parts.push_back(*src);
+      continue;
+    }
+    const Box region = slice_box(src->shape(), t.unstack, t.index);
+    HostArray slice(region.shape(), t.dtype);
+    copy_region(src->bytes().data(), Box::full(src->shape()), slice.mutable_bytes().data(), region, region, item);
+    parts.push_back(std::move(slice));
   }
-  if (r.interleave) piece = interleaved(piece, static_cast<size_t>(*r.interleave), false);
-  const Shape merged = merge_shape(r, piece.shape(), t.path);
-  return transpose(reshaped(std::move(piece), merged), r.transpose.empty() ? r.transpose : inverse(r.transpose));
+  return backward_layout(t, std::move(parts));
+}
+
+void apply_scale(const MappedTensor& t, HostArray& out) {
+  if (t.rule->scale) scale_values(out, t.forward ? *t.rule->scale : 1.0 / *t.rule->scale, t.path);
 }
 
 }  // namespace
 
 HostArray apply_mapped(const MappedTensor& t, const std::vector<const HostArray*>& sources) {
   HostArray out = apply_layout(t, sources);
-  if (t.rule->scale) scale_values(out, t.forward ? *t.rule->scale : 1.0 / *t.rule->scale, t.path);
+  apply_scale(t, out);
+  return out;
+}
+
+std::optional<std::vector<int64_t>> map_permutation(const MappedTensor& t, const Shape& source_shape) {
+  const KeyMapRule& r = *t.rule;
+  if (r.split_axis || r.interleave || r.take || r.scale || t.takes) return std::nullopt;
+  const size_t rank = source_shape.rank() - (t.forward ? 0 : t.unstack.size());
+  if (r.transpose.empty()) {
+    std::vector<int64_t> identity(rank);
+    std::iota(identity.begin(), identity.end(), 0);
+    return identity;
+  }
+  return t.forward ? r.transpose : inverse(r.transpose);
+}
+
+namespace {
+
+// The axes of a rank-`rank` array that are not in `skip` (ascending), in order.
+std::vector<size_t> other_axes(size_t rank, const std::vector<int64_t>& skip) {
+  std::vector<size_t> out;
+  for (size_t a = 0; a < rank; ++a)
+    if (std::find(skip.begin(), skip.end(), static_cast<int64_t>(a)) == skip.end()) out.push_back(a);
+  return out;
+}
+
+// `piece` cut into slabs of at most `max_bytes` along one axis, for steps that only permute
+// (`perm` takes the part, its unstacked axes left out, to the target piece, its stacked axes left
+// out): the source's first such axis (reads in one run each) or the target's (writes in one run).
+std::vector<MapPiece> slabs_of(const MappedTensor& t, const MapPiece& piece, const std::vector<int64_t>& perm,
+                               int64_t max_bytes, bool source_slabs) {
+  const Box& read = piece.reads.front().box;
+  const std::vector<size_t> part_axes = other_axes(read.rank(), t.forward ? std::vector<int64_t>{} : t.unstack);
+  const std::vector<size_t> piece_axes = other_axes(piece.target_box.rank(), t.forward ? t.stack : std::vector<int64_t>{});
+  if (part_axes.empty()) return {piece};
+  // The cut axis: p of the part (without unstacked axes), q of the target piece, perm[q] == p.
+  size_t q = 0;
+  if (source_slabs) q = static_cast<size_t>(std::find(perm.begin(), perm.end(), 0) - perm.begin());
+  const auto p = static_cast<size_t>(perm[q]);
+  const size_t from_axis = part_axes[p], to_axis = piece_axes[q];
+  const int64_t extent = read.extent(from_axis);
+  const int64_t bytes = read.volume() * static_cast<int64_t>(item_size(t.dtype));
+  if (bytes <= max_bytes || extent <= 1) return {piece};
+  const int64_t rows = std::max<int64_t>(1, max_bytes / std::max<int64_t>(bytes / extent, 1));
+  std::vector<MapPiece> out;
+  for (int64_t a = 0; a < extent; a += rows) {
+    const int64_t b = std::min(extent, a + rows);
+    std::vector<int64_t> from_start(read.starts().begin(), read.starts().end()), from_stop(read.stops().begin(), read.stops().end());
+    from_start[from_axis] = read.start(from_axis) + a;
+    from_stop[from_axis] = read.start(from_axis) + b;
+    const Box& target = piece.target_box;
+    std::vector<int64_t> to_start(target.starts().begin(), target.starts().end()), to_stop(target.stops().begin(), target.stops().end());
+    to_start[to_axis] = target.start(to_axis) + a;
+    to_stop[to_axis] = target.start(to_axis) + b;
+    MapPiece slab{{}, Box(std::move(to_start), std::move(to_stop))};
+    for (const MapPiece::Read& r : piece.reads) slab.reads.push_back({r.source, Box(from_start, from_stop)});
+    out.push_back(std::move(slab));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<MapPiece> map_pieces(const MappedTensor& t, const Shape& source_shape, int64_t max_target_bytes,
+                                 bool source_slabs) {
+  const Box whole = Box::full(source_shape);
+  std::vector<MapPiece> out;
+  if (t.forward && !t.stack.empty()) {
+    std::vector<int64_t> counts;
+    for (int64_t axis : t.stack) counts.push_back(t.shape[static_cast<size_t>(axis)]);
+    for (size_t i = 0; i < t.sources.size(); ++i)
+      out.push_back({{{i, whole}}, slice_box(t.shape, t.stack, unravel(static_cast<int64_t>(i), counts))});
+  } else {
+    MapPiece piece{{}, Box::full(t.shape)};
+    const Box box = !t.forward && !t.unstack.empty() ? slice_box(source_shape, t.unstack, t.index) : whole;
+    for (size_t i = 0; i < t.sources.size(); ++i) piece.reads.push_back({i, box});
+    out.push_back(std::move(piece));
+  }
+  const std::optional<std::vector<int64_t>> perm = map_permutation(t, source_shape);
+  if (!perm || max_target_bytes <= 0) return out;
+  std::vector<MapPiece> cut;
+  for (const MapPiece& piece : out)
+    for (MapPiece& slab : slabs_of(t, piece, *perm, max_target_bytes, source_slabs)) cut.push_back(std::move(slab));
+  return cut;
+}
+
+HostArray apply_piece(const MappedTensor& t, const MapPiece& piece, std::vector<HostArray> parts) {
+  HostArray out;
+  if (t.forward) {
+    out = forward_layout(t, std::move(parts.front()));
+    out.reshape(piece.target_box.shape());  // the stacked axes, of extent 1, change no byte's place
+  } else {
+    out = backward_layout(t, std::move(parts));
+  }
+  apply_scale(t, out);
   return out;
 }
 

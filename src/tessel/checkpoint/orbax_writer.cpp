@@ -161,6 +161,18 @@ ItemLayout layout_of(const fs::path& item_dir, const State& abstract, const Save
     for (size_t d = 0; d < v.shape().rank(); ++d) {
       if (sharding.num_blocks(d) > 1) sharded.push_back(d);
     }
+    if (auto it = options.block_shapes.find(path); it != options.block_shapes.end()) {
+      const Shape& block = it->second;
+      bool fits = block.rank() == v.shape().rank();
+      for (size_t d = 0; fits && d < block.rank(); ++d) fits = block[d] >= 1 && block[d] <= std::max<int64_t>(v.shape()[d], 1);
+      if (!fits)
+        throw ValueError("'" + path + "': block shape " + block.to_string() + " does not fit its shape " +
+                         v.shape().to_string());
+      r.write_shape = block;
+      sharded.clear();
+      for (size_t d = 0; d < block.rank(); ++d)
+        if (block[d] < v.shape()[d]) sharded.push_back(d);
+    }
     r.chunk_shape = choose_chunk_shape(r.write_shape, item_size(v.dtype()), options.max_chunk_bytes, sharded);
     if (options.use_zarr3) {
       out.zarrs.push_back(ZarrArray::sharded_v3(v.shape(), r.chunk_shape, r.chunk_shape, v.dtype(), options.compression));
@@ -274,6 +286,12 @@ void CheckpointWriter::begin_process() {
   w.out.emplace(tmp(), w.options, group().index());
   if (!group().is_leader()) return;
   for (size_t i = 0; i < w.layout.records.size(); ++i) detail::put_zarr_metadata(*w.out, w.layout.records[i], w.layout.zarrs[i]);
+}
+
+std::optional<Shape> CheckpointWriter::block_grid(size_t leaf) const {
+  auto it = impl_->options.block_shapes.find(paths()[leaf]);
+  if (it == impl_->options.block_shapes.end()) return std::nullopt;
+  return it->second;
 }
 
 void CheckpointWriter::write_blocks(size_t leaf, std::span<const HostBlock> blocks) {

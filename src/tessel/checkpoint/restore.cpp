@@ -140,6 +140,55 @@ State restore(const Runtime& rt, const CheckpointItem& item, const TargetSpec& s
   return spec.rename.empty() ? restored : rename_prefixes(restored, spec.rename);
 }
 
+namespace {
+
+// The saved leaf `path`, checked to hold `box`, ready to read it as `dtype` (default: the saved one).
+detail::LeafRead box_read(const CheckpointItem& item, const std::string& path, const Box& box,
+                          std::optional<DType> dtype) {
+  const ParamMetadata* meta = item.metadata().find(path);
+  if (!meta) throw ValueError("'" + path + "' is not one of the arrays of " + item.dir().string());
+  detail::LeafRead p(item.chunks(*meta));
+  const Shape& shape = p.zarr.shape();
+  if (box.rank() != shape.rank() || Box::full(shape).intersect(box) != box)
+    throw ValueError("'" + path + "': " + box.to_string() + " is not a box of its shape " + shape.to_string());
+  p.target_dtype = dtype.value_or(p.zarr.dtype());
+  p.allow_missing = !item.metadata().store_array_data_equal_to_fill_value && p.zarr.fill_value().has_value();
+  const int64_t bytes = box.volume() * static_cast<int64_t>(item_size(p.target_dtype));
+  if (bytes > kMaxRestoreBytes)
+    throw ValueError("reading '" + path + "' " + box.to_string() + " would take " + std::to_string(bytes) +
+                     " bytes, more than this machine's memory");
+  return p;
+}
+
+void read_into(detail::LeafRead p, const Box& box, std::byte* out, const RestoreOptions& options) {
+  if (box.empty()) return;
+  p.dests.push_back({out, box});
+  std::vector<detail::LeafRead> plans;
+  plans.push_back(std::move(p));
+  detail::ReadCounters counters;
+  detail::read_chunks(plans, options.readers, options.staging_bytes, options.verify_checksums, counters);
+}
+
+}  // namespace
+
+HostArray read_box(const CheckpointItem& item, const std::string& path, const Box& box, std::optional<DType> dtype,
+                   const RestoreOptions& options) {
+  detail::LeafRead p = box_read(item, path, box, dtype);
+  HostArray out(box.shape(), p.target_dtype);
+  read_into(std::move(p), box, out.mutable_bytes().data(), options);
+  return out;
+}
+
+void read_box_into(const CheckpointItem& item, const std::string& path, const Box& box, std::span<std::byte> out,
+                   std::optional<DType> dtype, const RestoreOptions& options) {
+  detail::LeafRead p = box_read(item, path, box, dtype);
+  const auto want = static_cast<size_t>(box.volume()) * item_size(p.target_dtype);
+  if (out.size() != want)
+    throw ValueError("'" + path + "': " + box.to_string() + " takes " + std::to_string(want) + " bytes, not " +
+                     std::to_string(out.size()));
+  read_into(std::move(p), box, out.data(), options);
+}
+
 State restore(const Runtime& rt, const fs::path& item_dir, const State& target, const RestoreOptions& options,
               RestoreStats* stats) {
   return restore(rt, CheckpointItem::open(item_dir), target, options, stats);

@@ -18,54 +18,6 @@
 namespace tessel::detail {
 namespace {
 
-// Host staging: callers take bytes before decoding a chunk and give them back after; a request
-// above the budget waits until it has the budget to itself.
-class StagingBudget {
- public:
-  explicit StagingBudget(int64_t budget) : budget_(std::max<int64_t>(budget, 1)) {}
-  int64_t acquire(int64_t bytes) {
-    std::unique_lock lock(mu_);
-    const int64_t want = std::min(bytes, budget_);
-    cv_.wait(lock, [&] { return used_ + want <= budget_; });
-    used_ += want;
-    held_ += bytes;
-    peak_ = std::max(peak_, held_);
-    return want;
-  }
-  void release(int64_t taken, int64_t bytes) {
-    {
-      std::lock_guard lock(mu_);
-      used_ -= taken;
-      held_ -= bytes;
-    }
-    cv_.notify_all();
-  }
-  int64_t peak() const { return peak_; }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const int64_t budget_;
-  int64_t used_ = 0;
-  int64_t held_ = 0;
-  int64_t peak_ = 0;
-};
-
-// Holds staging bytes for one scope.
-class StagingLease {
- public:
-  StagingLease(StagingBudget& budget, int64_t bytes) : budget_(budget), bytes_(bytes), taken_(budget.acquire(bytes)) {}
-  ~StagingLease() { budget_.release(taken_, bytes_); }
-  StagingLease(const StagingLease&) = delete;
-  StagingLease& operator=(const StagingLease&) = delete;
-
- private:
-  StagingBudget& budget_;
-  int64_t bytes_, taken_;
-};
-
-
-
 // A worker's reusable host buffer. A restore reads hundreds of chunks; a fresh buffer for each
 // would fault in (and have the kernel clear) every page of it again.
 class Scratch {
@@ -195,7 +147,7 @@ bool small_runs(const LeafRead& p, const Box& chunk, const ReadTask& task) {
 // An uncompressed chunk read whole, in slabs along its first dimension of about kSlabBytes,
 // each scattered (and cast, if the dtypes differ) into the destinations.
 void read_slabs(const LeafRead& p, const StoredValue& f, const Box& chunk, const ReadTask& task,
-                const std::string& key, StagingBudget& staging, WorkerBuffers& buffers, bool verify,
+                const std::string& key, ByteBudget& staging, WorkerBuffers& buffers, bool verify,
                 ReadCounters& counters) {
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
   const size_t rank = chunk.rank();
@@ -205,7 +157,7 @@ void read_slabs(const LeafRead& p, const StoredValue& f, const Box& chunk, const
       std::clamp<int64_t>(row_bytes == 0 ? rows : kSlabBytes / row_bytes, 1, std::max<int64_t>(rows, 1));
   const int64_t slab_bytes = slab_rows * row_bytes;
   const bool reused = static_cast<size_t>(slab_bytes) <= buffers.keep;
-  StagingLease lease(staging, reused ? 0 : slab_bytes);
+  ByteLease lease(staging, reused ? 0 : slab_bytes);
   std::unique_ptr<std::byte[]> temporary;
   const std::span<std::byte> buf = buffers.stored.get(static_cast<size_t>(slab_bytes), buffers.keep, temporary);
   uint32_t crc = 0;
@@ -243,7 +195,7 @@ void will_need(const LeafRead& p, std::span<const int64_t> index) noexcept {
   }
 }
 
-void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, WorkerBuffers& buffers, bool verify,
+void run_task(const LeafRead& p, const ReadTask& task, ByteBudget& staging, WorkerBuffers& buffers, bool verify,
               ReadCounters& counters) {
   const Box chunk = p.zarr.chunk_box(task.index);
   const std::string key = p.zarr.chunk_key(task.index);
@@ -285,7 +237,7 @@ void run_task(const LeafRead& p, const ReadTask& task, StagingBudget& staging, W
   }
   const int64_t staged = size + (whole ? 0 : chunk_bytes);
   const bool reused = static_cast<size_t>(size) <= buffers.keep && static_cast<size_t>(chunk_bytes) <= buffers.keep;
-  StagingLease lease(staging, reused ? 0 : staged);
+  ByteLease lease(staging, reused ? 0 : staged);
   std::unique_ptr<std::byte[]> temporary_stored, temporary_decoded;
   const size_t keep = reused ? buffers.keep : 0;
   const std::span<std::byte> stored = buffers.stored.get(static_cast<size_t>(size), keep, temporary_stored);
@@ -313,7 +265,7 @@ int64_t read_chunks(std::vector<LeafRead>& leaves, int readers, int64_t staging_
   std::vector<ReadTask> tasks;
   for (size_t pi = 0; pi < leaves.size(); ++pi) {
     LeafRead& p = leaves[pi];
-    for (size_t i = 0; i < p.builder->size(); ++i) {
+    for (size_t i = 0; p.builder && i < p.builder->size(); ++i) {
       const Shard& s = p.builder->shard(i);
       if (!p.builder->fills(i) || s.box.empty()) continue;
       p.dests.push_back({p.builder->data(i), s.box});
@@ -331,7 +283,7 @@ int64_t read_chunks(std::vector<LeafRead>& leaves, int readers, int64_t staging_
   const int threads =
       static_cast<int>(std::min<int64_t>(default_threads(readers, 2), std::max<size_t>(tasks.size(), 1)));
   const int64_t budget = std::max<int64_t>(staging_bytes, 2);
-  StagingBudget staging(budget / 2);
+  ByteBudget staging(budget / 2);
   std::vector<WorkerBuffers> buffers(static_cast<size_t>(threads));
   for (auto& b : buffers) b.keep = static_cast<size_t>(budget / 4 / threads);
   run_parallel(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t, int worker) {

@@ -64,6 +64,8 @@ StateWriter::StateWriter(fs::path dir, std::string_view tmp_suffix, const State&
     paths_.push_back(path);
   }
   written_.assign(paths_.size(), false);
+  blocks_seen_.resize(paths_.size());
+  elements_written_.assign(paths_.size(), 0);
 }
 
 StateWriter::~StateWriter() {
@@ -107,27 +109,36 @@ void StateWriter::write(const std::string& path, std::span<const HostBlock> bloc
   auto it = index_.find(path);
   if (it == index_.end())
     throw ValueError("'" + path + "' is not one of the " + std::string(leaf_noun()) + " this writer laid out");
-  if (written_[it->second]) throw ValueError("'" + path + "' is written twice");
+  const size_t leaf = it->second;
   const Variable& v = layout_.at(path);
+  const std::optional<Shape> grid = block_grid(leaf);
   std::map<std::vector<int64_t>, Box> distinct;  // the sharding's non-empty blocks by start
-  if (v.sharding()) {
+  if (v.sharding() && !grid) {
     for (const ShardPlacement& p : v.sharding()->distinct_shards(v.shape()))
       if (!p.box.empty()) distinct.emplace(std::vector<int64_t>(p.box.starts().begin(), p.box.starts().end()), p.box);
   }
-  std::set<std::vector<int64_t>> seen;
+  auto on_grid = [&](const Box& box) {
+    for (size_t d = 0; d < box.rank(); ++d) {
+      const int64_t step = (*grid)[d];
+      if (step < 1 || box.start(d) % step != 0 || box.stop(d) != std::min(box.start(d) + step, v.shape()[d])) return false;
+    }
+    return true;
+  };
+  std::set<std::vector<int64_t>>& seen = blocks_seen_[leaf];
   std::vector<HostBlock> kept;  // empty blocks hold nothing to write
   const Box full = Box::full(v.shape());
   for (const HostBlock& b : blocks) {
     if (b.box.rank() == v.shape().rank() && b.box.empty() && b.bytes.empty()) continue;
     const std::vector<int64_t> start(b.box.starts().begin(), b.box.starts().end());
     const bool fits = b.box.rank() == v.shape().rank() && full.intersect(b.box) == b.box &&
-                      (!v.sharding() || (distinct.contains(start) && distinct.at(start) == b.box));
+                      (grid ? on_grid(b.box) : !v.sharding() || (distinct.contains(start) && distinct.at(start) == b.box));
     if (!fits) {
       throw ValueError("'" + path + "': block " + b.box.to_string() + " is not one of the blocks of " +
-                       (v.sharding() ? v.sharding()->to_string() : std::string("the tensor")) + " for shape " +
-                       v.shape().to_string());
+                       (grid ? "the grid " + grid->to_string()
+                             : v.sharding() ? v.sharding()->to_string() : std::string("the tensor")) +
+                       " for shape " + v.shape().to_string());
     }
-    if (!seen.insert(start).second) throw ValueError("'" + path + "': block " + b.box.to_string() + " is given twice");
+    if (seen.contains(start)) throw ValueError("'" + path + "': block " + b.box.to_string() + " is given twice");
     const int64_t expect = b.box.volume() * static_cast<int64_t>(item_size(v.dtype()));
     if (static_cast<int64_t>(b.bytes.size()) != expect) {
       throw ValueError("'" + path + "': block " + b.box.to_string() + " has " + std::to_string(b.bytes.size()) +
@@ -135,16 +146,27 @@ void StateWriter::write(const std::string& path, std::span<const HostBlock> bloc
     }
     kept.push_back(b);
   }
-  write_blocks(it->second, kept);
-  written_[it->second] = true;
+  write_blocks(leaf, kept);
+  for (const HostBlock& b : kept) {
+    seen.emplace(b.box.starts().begin(), b.box.starts().end());
+    elements_written_[leaf] += b.box.volume();
+  }
+  written_[leaf] = true;
 }
 
 void StateWriter::commit() {
   if (committed_) throw ValueError("'" + dir_.string() + "' is committed already");
   const std::string where = "saving '" + dir_.string() + "'";
   std::vector<std::string> parts = gather_together(*group_, where, [&] {
-    for (size_t i = 0; i < written_.size(); ++i)
+    for (size_t i = 0; i < written_.size(); ++i) {
       if (!written_[i]) throw ValueError("'" + paths_[i] + "' was never written");
+      // Blocks do not overlap (the sharding's, or a grid's); boxes given freely could, but a
+      // shortfall is a leaf left partly unwritten either way.
+      const int64_t want = layout_.at(paths_[i]).shape().num_elements();
+      if (group_->count() == 1 && elements_written_[i] < want)
+        throw ValueError("'" + paths_[i] + "': " + std::to_string(elements_written_[i]) + " of its " +
+                         std::to_string(want) + " elements were written");
+    }
     return finish_process();
   });
   run_together(*group_, where, [&] {

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -41,12 +43,15 @@ class StateWriter {
 
   // This process's blocks of `array` (replica 0 of each block it holds), for the leaf laid out at
   // `path`. Throws ValueError for a path not laid out, another shape or dtype (or, where the
-  // format stores the layout's sharding, another sharding), or a second write.
+  // format stores the layout's sharding, another sharding), or a block written before.
   void write(const std::string& path, const Array& array);
   // The same from host memory: each block one of the leaf's sharding's distinct blocks (any box
-  // of the leaf's shape when it was laid out without a sharding), with its box's byte count.
+  // of the leaf's shape when it was laid out without a sharding; a box of the format's block
+  // grid where it has one), with its box's byte count. A leaf may come in several calls, each
+  // with other blocks: a slab at a time.
   void write(const std::string& path, std::span<const HostBlock> blocks);
-  // Checks that every leaf was written, then makes the result visible under dir(), durably.
+  // Checks that every leaf was written (in one process: every element of it), then makes the
+  // result visible under dir(), durably.
   void commit();
 
   const std::filesystem::path& dir() const { return dir_; }
@@ -70,6 +75,9 @@ class StateWriter {
 
   // What a leaf is called in this format's messages ("leaves", "tensors").
   virtual std::string_view leaf_noun() const { return "leaves"; }
+  // The blocks a leaf is written in when the format fixes them otherwise than by its sharding:
+  // the boxes of a grid of this shape (edge boxes cut at the leaf's shape).
+  virtual std::optional<Shape> block_grid(size_t /*leaf*/) const { return std::nullopt; }
   virtual void begin_leader() {}
   virtual void begin_process() {}
   // Writes blocks of leaf `leaf` (checked against its layout); may run on one thread at a time.
@@ -86,6 +94,8 @@ class StateWriter {
   std::vector<std::string> paths_;
   std::map<std::string, size_t> index_;
   std::vector<bool> written_;
+  std::vector<std::set<std::vector<int64_t>>> blocks_seen_;  // per leaf, the starts of its blocks
+  std::vector<int64_t> elements_written_;
   std::unique_ptr<ProcessGroup> own_group_;
   ProcessGroup* group_ = nullptr;
   bool durable_ = true;

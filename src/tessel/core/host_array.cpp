@@ -24,6 +24,13 @@ HostArray::HostArray(Shape shape, DType dtype, std::vector<std::byte> bytes)
                                  tessel::type_string(dtype_, shape_), want, bytes_.size()));
 }
 
+void HostArray::reshape(Shape shape) {
+  if (shape.num_elements() != shape_.num_elements())
+    throw ValueError(fmt::format("cannot view {} as {}: {} elements, not {}", type_string(), shape.to_string(),
+                                 shape_.num_elements(), shape.num_elements()));
+  shape_ = std::move(shape);
+}
+
 std::string HostArray::type_string() const { return tessel::type_string(dtype_, shape_); }
 
 void HostArray::check_item(size_t size) const {

@@ -36,6 +36,9 @@ class HostArray {
   int64_t nbytes() const { return static_cast<int64_t>(bytes_.size()); }
   std::span<const std::byte> bytes() const { return bytes_; }
   std::span<std::byte> mutable_bytes() { return bytes_; }
+  // The same row-major bytes as another shape of as many elements (no copy). Throws ValueError
+  // when the element counts differ.
+  void reshape(Shape shape);
 
   // The elements as T; throws ValueError unless sizeof(T) == item_size(dtype()). For bf16 and
   // f16 use uint16_t (bit patterns; see half.h).

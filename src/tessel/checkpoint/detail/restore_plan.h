@@ -28,7 +28,7 @@ struct LeafRead : ChunkSource {
   explicit LeafRead(ChunkSource source) : ChunkSource(std::move(source)) {}
   DType target_dtype = DType::kF32;
   bool allow_missing = false;  // absent chunks take the fill value
-  std::unique_ptr<ArrayBuilder> builder;
+  std::unique_ptr<ArrayBuilder> builder;  // null: `dests` are given (read_box)
   std::vector<Destination> dests;  // the blocks read_chunks fills
   std::string kind;
   Partitioning partitioning;
@@ -45,7 +45,8 @@ struct ReadCounters {
 // bytes mapped; `counters` count them as read.
 int64_t map_chunks(std::vector<LeafRead>& leaves, int readers, bool verify, ReadCounters& counters);
 
-// Every local block a builder still fills is read from the chunks that intersect it, one task
+// Every local block a builder still fills (or, without a builder, every destination given) is
+// read from the chunks that intersect it, one task
 // per chunk listing every block that needs it (a compressed chunk decoded once), with host
 // staging bounded by `staging_bytes`. Returns the staging peak.
 int64_t read_chunks(std::vector<LeafRead>& leaves, int readers, int64_t staging_bytes, bool verify,

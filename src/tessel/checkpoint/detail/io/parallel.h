@@ -1,8 +1,9 @@
-// Internal (not installed): the checkpoint layer's worker pools and path splitting.
+// Internal (not installed): the checkpoint layer's worker pools, byte budgets and path splitting.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -50,6 +51,53 @@ void run_parallel(int64_t n, int threads, Fn&& fn) {
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
 }
+
+// Host bytes held at once by parallel workers (a restore's staging, a conversion's pieces):
+// callers take bytes before they allocate and give them back after; a request above the budget
+// waits until it has the budget to itself.
+class ByteBudget {
+ public:
+  explicit ByteBudget(int64_t budget) : budget_(std::max<int64_t>(budget, 1)) {}
+  int64_t acquire(int64_t bytes) {
+    std::unique_lock lock(mu_);
+    const int64_t want = std::min(bytes, budget_);
+    cv_.wait(lock, [&] { return used_ + want <= budget_; });
+    used_ += want;
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+    return want;
+  }
+  void release(int64_t taken, int64_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      used_ -= taken;
+      held_ -= bytes;
+    }
+    cv_.notify_all();
+  }
+  int64_t peak() const { return peak_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int64_t budget_;
+  int64_t used_ = 0;
+  int64_t held_ = 0;
+  int64_t peak_ = 0;
+};
+
+// Holds budget bytes for one scope.
+class ByteLease {
+ public:
+  ByteLease(ByteBudget& budget, int64_t bytes) : budget_(budget), bytes_(bytes), taken_(budget.acquire(bytes)) {}
+  ~ByteLease() { budget_.release(taken_, bytes_); }
+  ByteLease(const ByteLease&) = delete;
+  ByteLease& operator=(const ByteLease&) = delete;
+
+ private:
+  ByteBudget& budget_;
+  int64_t bytes_, taken_;
+};
 
 // "a/b/c" -> {"a", "b", "c"}.
 inline std::vector<std::string> split_path(const std::string& path) {

@@ -118,7 +118,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, int64_t data_b
   SafetensorsHeader h;
   for (const auto& [key, value] : j.items()) {
     if (key == "__metadata__") {
-      if (!value.is_object()) throw ValueError(fmt::format("{}: __metadata__ is not an object", source));
+      // null is no metadata, as the reference reader's Option takes it (such files are published).
+      if (value.is_null()) continue;
+      if (!value.is_object()) throw ValueError(fmt::format("{}: __metadata__ is not an object or null", source));
       for (const auto& [k, v] : value.items()) {
         if (!v.is_string()) throw ValueError(fmt::format("{}: __metadata__ '{}' is not a string", source, k));
         h.metadata[k] = v.get<std::string>();
