@@ -128,6 +128,7 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
   const int64_t max_piece = std::max<int64_t>(options.batch_bytes / 4, 1);
   struct Work {
     const MappedTensor* tensor;
+    std::string path;  // the target's, renamed
     MapPiece piece;
     int64_t bytes;  // held while it is made: the source's part, the piece, a copy of either
   };
@@ -149,8 +150,8 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     for (MapPiece& p : pieces) {
       int64_t in = 0;
       for (const MapPiece::Read& r : p.reads) in += r.box.volume() * static_cast<int64_t>(item_size(s.dtype()));
-      const int64_t out = p.target_box.volume() * static_cast<int64_t>(item_size(options.dtype.value_or(t.dtype)));
-      work.push_back({&t, std::move(p), 2 * in + out});
+      const int64_t out = p.target_box.volume() * static_cast<int64_t>(item_size(dtype));
+      work.push_back({&t, path, std::move(p), 2 * in + out});
     }
   }
   std::unique_ptr<StateWriter> writer = make_writer(format, dst, target, writing, std::nullopt);
@@ -160,10 +161,10 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
   detail::ByteBudget budget(options.batch_bytes);
   std::mutex writing_mu;  // a writer takes one call at a time
   ConvertReport report;
-  auto write = [&](const MappedTensor& t, const Box& box, std::span<const std::byte> bytes) {
-    const HostBlock block{box, bytes};
+  auto write = [&](const Work& w, std::span<const std::byte> bytes) {
+    const HostBlock block{w.piece.target_box, bytes};
     std::lock_guard lock(writing_mu);
-    writer->write(rename_path(t.path, spec.rename), std::span<const HostBlock>(&block, 1));
+    writer->write(w.path, std::span<const HostBlock>(&block, 1));
     report.bytes += static_cast<int64_t>(bytes.size());
   };
   // Each worker's two buffers, reused from piece to piece: no fresh pages to fault in and clear.
@@ -186,12 +187,12 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
       if (!t.forward)
         for (auto it = t.unstack.rbegin(); it != t.unstack.rend(); ++it) dims.erase(dims.begin() + *it);
       if (std::is_sorted(perm->begin(), perm->end())) {
-        write(t, w.piece.target_box, in);
+        write(w, in);
         return;
       }
       const std::span<std::byte> out = scratch[static_cast<size_t>(worker)][1].get(bytes);
       permute_copy(in.data(), Shape(std::move(dims)), item_size(saved), *perm, out.data());
-      write(t, w.piece.target_box, out);
+      write(w, out);
       return;
     }
     // Into a wider dtype before the map's steps, so that a scale is exact there and undone
@@ -207,7 +208,7 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     // Copied into the aligned buffer, so that it too may go to the disk directly.
     const std::span<std::byte> out = scratch[static_cast<size_t>(worker)][1].get(made.bytes().size());
     std::copy(made.bytes().begin(), made.bytes().end(), out.begin());
-    write(t, w.piece.target_box, out);
+    write(w, out);
   });
   writer->commit();
   report.written = format;
