@@ -128,9 +128,9 @@ def tensor_digests(directory):
     return out
 
 
-def measure(name, args, total):
+def measure(name, args, total, env=None):
     t0 = time.monotonic()
-    r = subprocess.run(["/usr/bin/time", "-v"] + args, capture_output=True, text=True)
+    r = subprocess.run(["/usr/bin/time", "-v"] + args, capture_output=True, text=True, env=env)
     wall = time.monotonic() - t0
     if r.returncode != 0:
         sys.exit(f"{name} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -148,6 +148,14 @@ def disk_rate(build, scratch, sample):
     return r.stdout
 
 
+def settle(cold):
+    """Written data on the disk; with `cold`, the page cache emptied too."""
+    subprocess.run(["sync"], check=True)
+    if cold:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -156,6 +164,9 @@ def main():
     ap.add_argument("--gib", type=float, default=3)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache before each conversion (root), so that a set smaller than the "
+                         "machine's memory is read from the disk as a larger one is")
     a = ap.parse_args()
     tessel = os.path.join(a.build, "src", "tessel")
     layers, shapes = model_of(a.kind, a.gib, a.experts)
@@ -178,23 +189,23 @@ def main():
         t0 = time.monotonic()
         write_source(hf, shapes)
         print(f"source written in {time.monotonic() - t0:.0f} s")
-        subprocess.run(["sync"], check=True)
+        settle(a.cold)
         figures["no_map"] = measure("safetensors -> Orbax, no map", [tessel, "ckpt", "convert", hf,
                                                                       os.path.join(a.scratch, "plain")], total)
         shutil.rmtree(os.path.join(a.scratch, "plain"))
         mapfile = os.path.join(ROOT, "examples", "maps", "qwen3.yml" if a.kind == "dense" else "qwen3_moe_maxtext.yml")
         maxtext = os.path.join(a.scratch, "maxtext")
-        subprocess.run(["sync"], check=True)
+        settle(a.cold)
         figures["forward"] = measure("HF -> MaxText through the map", [tessel, "ckpt", "convert", hf, maxtext,
                                                                         "--map", mapfile], total)
         digests = tensor_digests(hf)
         shutil.rmtree(hf)
-        subprocess.run(["sync"], check=True)
+        settle(a.cold)
         plain_back = os.path.join(a.scratch, "plain_back")
         figures["no_map_back"] = measure("Orbax -> safetensors, no map", [tessel, "ckpt", "convert", maxtext, plain_back],
                                          total)
         shutil.rmtree(plain_back)
-        subprocess.run(["sync"], check=True)
+        settle(a.cold)
         back = os.path.join(a.scratch, "back")
         figures["backward"] = measure("MaxText -> HF through the map", [tessel, "ckpt", "convert", maxtext, back,
                                                                          "--map", mapfile, "--to", "safetensors"], total)

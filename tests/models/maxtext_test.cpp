@@ -10,6 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "../runtime/runtime_test_util.h"
+#include "tessel/checkpoint/key_map.h"
+#include "tessel/checkpoint/safetensors.h"
+#include "tessel/runtime/detail/kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/models/maxtext.h"
 #include "tessel/models/maxtext_checkpoint.h"
@@ -331,6 +335,70 @@ TEST(MaxText, TinyGptOssTrainsWithTheSameLossesUnderExpertParallelism) {
   std::vector<std::string> unscanned = tiny;
   unscanned.push_back("scan_layers=false");
   expect_same_losses(tiny_losses("gpt-oss-20b", unscanned, {"data=1", "expert=8"}), 1e-5);
+}
+
+// A Hugging Face checkpoint through a key map straight to MaxText's parameter-only checkpoint, as
+// MaxText's to_maxtext writes it: step 0's item "items", the map's targets under params/params/,
+// the step, bfloat16 unless asked otherwise; a map that would go the other way is refused, and
+// nothing is left behind.
+TEST(MaxText, ParamsOnlyCheckpointThroughAKeyMap) {
+  constexpr const char* kMap = R"(rules:
+  - from: model.layers.{i}.w
+    to: decoder.layers.mlp.kernel
+    transpose: [1, 0]
+    stack: 1
+  - from: model.norm
+    to: decoder.norm.scale
+)";
+  Runtime rt = Runtime::host(1);
+  const Mesh mesh({{"x", 1}});
+  std::mt19937 rng(53);
+  testing::TempDir tmp;
+  State hf;
+  std::map<std::string, HostArray> values;
+  for (const std::string& p : {"model/layers/0/w", "model/layers/1/w"})
+    values.emplace(p, testing::random_host(rng, {3, 5}, DType::kF32));
+  values.emplace("model/norm", testing::random_host(rng, {5}, DType::kF32));
+  for (const auto& [p, h] : values) hf.insert(p, Variable(kParam, device_put(rt, h, NamedSharding(mesh, {}))));
+  save_safetensors(tmp.path() / "hf", hf);
+  const CheckpointItem src = CheckpointItem::find(tmp.path() / "hf");
+  ConvertOptions options;
+  options.map = parse_key_map(kMap, "map.yml");
+  const ConvertReport r = convert(rt, src, tmp.path() / "out", maxtext_params_conversion(src, options));
+  EXPECT_EQ(r.tensors, 2);
+  const CheckpointItem out = CheckpointItem::find(tmp.path() / "out" / "0" / "items");
+  const State saved = out.abstract_state();
+  ASSERT_TRUE(saved.contains("params/params/decoder/layers/mlp/kernel"));
+  ASSERT_TRUE(saved.contains("params/params/decoder/norm/scale"));
+  ASSERT_TRUE(saved.contains("step"));
+  const std::string kernel = "params/params/decoder/layers/mlp/kernel";
+  EXPECT_EQ(saved.at(kernel).shape(), Shape({5, 2, 3}));
+  EXPECT_EQ(saved.at(kernel).dtype(), DType::kBF16);
+  // Layer 1's kernel is its transpose, rounded to bfloat16 once.
+  const HostArray layer1 = read_box(out, kernel, Box({0, 1, 0}, {5, 2, 3}));
+  const HostArray& w1 = values.at("model/layers/1/w");
+  HostArray want({5, 1, 3}, DType::kBF16);
+  HostArray w1_t({5, 3}, DType::kF32);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 5; ++j) w1_t.mutable_values<float>()[j * 3 + i] = w1.values<float>()[i * 5 + j];
+  detail::convert_run(DType::kF32, w1_t.bytes().data(), DType::kBF16, want.mutable_bytes().data(), 15);
+  EXPECT_EQ(layer1, want);
+
+  // Asked in float32, the values are the source's.
+  ConvertOptions wide = options;
+  wide.dtype = DType::kF32;
+  convert(rt, src, tmp.path() / "wide", maxtext_params_conversion(src, wide));
+  const CheckpointItem wide_item = CheckpointItem::find(tmp.path() / "wide" / "0" / "items");
+  EXPECT_EQ(read_box(wide_item, "params/params/decoder/norm/scale", Box({0}, {5})), values.at("model/norm"));
+
+  // From MaxText's names the map goes backward: refused before anything is written.
+  convert(rt, src, tmp.path() / "plain", options);
+  const CheckpointItem mapped = CheckpointItem::find(tmp.path() / "plain");
+  ConvertOptions back;
+  back.map = parse_key_map(kMap, "map.yml");
+  EXPECT_THAT([&] { maxtext_params_conversion(mapped, back); },
+              ThrowsMessage<ValueError>(HasSubstr("matches the key map's target side")));
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "back"));
 }
 
 }  // namespace

@@ -236,12 +236,25 @@ def test_a_map_conversion_streams_in_a_memory_budget(rng, tmp):
     back = os.path.join(tmp, "back")
     _, backward = peak_rss_of(["ckpt", "convert", maxtext, back, "--map", mapfile, "--map-var", f"head_dim={d}",
                                "--to", "safetensors", "--memory-mb", 16])
+    # Without a map too, a stacked tensor (here wi_0, several times the budget) goes a slab at a time.
+    plain = os.path.join(tmp, "plain")
+    _, unmapped = peak_rss_of(["ckpt", "convert", maxtext, plain, "--to", "safetensors", "--memory-mb", 16])
     bound = baseline + 16 * mib + 4 * largest + 16 * mib
     print(f"\n{len(sd)} tensors, {total / mib:.0f} MiB ({total / (16 * mib):.1f}x the 16 MiB budget), largest "
           f"{largest / mib:.2f} MiB; peak RSS: baseline {baseline / mib:.0f} MiB, forward {forward / mib:.0f}, "
-          f"backward {backward / mib:.0f} (bound {bound / mib:.0f})")
+          f"backward {backward / mib:.0f}, the stacked item without a map {unmapped / mib:.0f} (bound {bound / mib:.0f})")
     assert total > 8 * 16 * mib
-    assert forward <= bound and backward <= bound, (forward / mib, backward / mib, bound / mib)
+    assert forward <= bound and backward <= bound and unmapped <= bound, \
+        (forward / mib, backward / mib, unmapped / mib, bound / mib)
+    flat = {}
+    for f in os.listdir(plain):
+        if f.endswith(".safetensors"):
+            flat.update(stnp.load_file(os.path.join(plain, f)))
+    got = next(a for k, a in flat.items() if k.replace("/", ".").endswith("moe_block.wi_0"))
+    assert got.nbytes > 3 * 16 * mib  # at least 54 MiB
+    want = np.stack([np.stack([sd[f"model.layers.{i}.mlp.experts.{x}.gate_proj.weight"].T for i in range(layers)])
+                     for x in range(experts)])
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
     again = {}
     for f in os.listdir(back):
         if f.endswith(".safetensors"):

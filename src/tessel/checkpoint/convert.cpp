@@ -7,12 +7,14 @@
 #include <array>
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <new>
 #include <map>
 #include <mutex>
 
 #include "tessel/checkpoint/detail/io/parallel.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
+#include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/checkpoint/manager.h"
 #include "tessel/core/error.h"
 #include "tessel/core/permute.h"
@@ -68,6 +70,24 @@ class StepRoot {
   bool committed_ = false;
 };
 
+void add_extra(State& target, const std::vector<ExtraLeaf>& extra, const NamedSharding& replicated) {
+  for (const ExtraLeaf& e : extra)
+    target.insert(e.path, Variable::abstract(e.kind, e.value.shape(), e.value.dtype(), replicated));
+}
+
+// Writes the extra leaves, commits the item and then the step directory around it, if any.
+void finish(StateWriter& writer, std::optional<StepRoot>& root, const ConvertOptions& options) {
+  for (const ExtraLeaf& e : options.extra) {
+    const HostBlock whole{Box::full(e.value.shape()), e.value.bytes()};
+    writer.write(e.path, std::span<const HostBlock>(&whole, 1));
+  }
+  writer.commit();
+  if (root) {
+    write_step_metadata(root->tmp() / std::to_string(options.as_step->step), {options.as_step->item});
+    root->commit(options.orbax.durable);
+  }
+}
+
 // A worker's reusable buffer, page-aligned so that large blocks written from it can go to the disk
 // directly (O_DIRECT wants aligned memory); it grows and is never cleared.
 class PageBuffer {
@@ -109,9 +129,8 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
                              CheckpointFormat format) {
   const TargetSpec& spec = options.target;
   if (spec.mesh || !spec.specs.empty() || !spec.logical_axes.empty() || !spec.axis_map.empty() || !spec.paths.empty() ||
-      !spec.shardings.empty() || options.as_step || !options.extra.empty()) {
-    throw ValueError("a key map converts on one device: leave out the mesh, paths, shardings, logical axes, axis map "
-                     "and step layout");
+      !spec.shardings.empty()) {
+    throw ValueError("a key map converts on one device: leave out the mesh, paths, shardings, logical axes and axis map");
   }
   const auto t0 = std::chrono::steady_clock::now();
   State source = src.abstract_state();
@@ -123,9 +142,11 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
   const MapPlan plan = plan_key_map(*options.map, source);
   const Mesh host({{"host", 1}});
   const NamedSharding on_host(host, PartitionSpec{});
-  // Pieces of a quarter of the budget: a piece is held as its source's part, a copy of it
-  // (transposed), and a cast.
-  const int64_t max_piece = std::max<int64_t>(options.batch_bytes / 4, 1);
+  // More workers than cores: while one waits on the disk (a direct write), others read and permute.
+  const int threads = detail::default_threads(0, 4);
+  // Pieces small enough that every worker has one in flight within the budget (a permuted piece is
+  // held twice: as read and permuted), so that reads, permutes and writes overlap.
+  const int64_t max_piece = std::max<int64_t>(options.batch_bytes / (2 * threads), 1);
   struct Work {
     const MappedTensor* tensor;
     std::string path;  // the target's, renamed
@@ -147,14 +168,19 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     std::vector<MapPiece> pieces = map_pieces(t, s.shape(), max_piece, format == CheckpointFormat::kOrbax);
     // A tensor made in pieces is written a piece at a time: its blocks (and chunks) are theirs.
     if (pieces.size() > 1) writing.orbax.block_shapes[path] = pieces.front().target_box.shape();
+    const bool permute_only = map_permutation(t, s.shape()) && dtype == s.dtype();
     for (MapPiece& p : pieces) {
       int64_t in = 0;
       for (const MapPiece::Read& r : p.reads) in += r.box.volume() * static_cast<int64_t>(item_size(s.dtype()));
+      // Otherwise held as its source's part, a copy of it (transposed), the piece and a cast.
       const int64_t out = p.target_box.volume() * static_cast<int64_t>(item_size(dtype));
-      work.push_back({&t, path, std::move(p), 2 * in + out});
+      work.push_back({&t, path, std::move(p), permute_only ? 2 * in : 2 * in + out});
     }
   }
-  std::unique_ptr<StateWriter> writer = make_writer(format, dst, target, writing, std::nullopt);
+  add_extra(target, options.extra, on_host);
+  std::optional<StepRoot> root;
+  if (options.as_step) root.emplace(dst);
+  std::unique_ptr<StateWriter> writer = make_writer(format, root ? root->tmp() : dst, target, writing, std::nullopt);
   RestoreOptions reading;
   reading.staging_bytes = options.staging_bytes;
   reading.readers = 1;  // the pieces are the parallel work
@@ -168,8 +194,6 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     report.bytes += static_cast<int64_t>(bytes.size());
   };
   // Each worker's two buffers, reused from piece to piece: no fresh pages to fault in and clear.
-  // More workers than cores: while one waits on the disk (a direct write), others read and permute.
-  const int threads = detail::default_threads(0, 4);
   std::vector<std::array<PageBuffer, 2>> scratch(static_cast<size_t>(threads));
   detail::run_parallel(static_cast<int64_t>(work.size()), threads, [&](int64_t i, int worker) {
     const Work& w = work[static_cast<size_t>(i)];
@@ -178,7 +202,7 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     const DType saved = source.at(t.sources.front()).dtype();
     const Shape& source_shape = source.at(t.sources.front()).shape();
     // Steps that only permute (most tensors): read into one buffer, permute into the other.
-    if (const auto perm = map_permutation(t, source_shape); perm && (!options.dtype || *options.dtype == saved)) {
+    if (const auto perm = map_permutation(t, source_shape); perm && options.dtype.value_or(saved) == saved) {
       const MapPiece::Read& r = w.piece.reads.front();
       const size_t bytes = static_cast<size_t>(r.box.volume()) * item_size(saved);
       const std::span<std::byte> in = scratch[static_cast<size_t>(worker)][0].get(bytes);
@@ -210,13 +234,69 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     std::copy(made.bytes().begin(), made.bytes().end(), out.begin());
     write(w, out);
   });
-  writer->commit();
+  finish(*writer, root, options);
   report.written = format;
   report.source_tensors = static_cast<int64_t>(source.size());
-  report.tensors = static_cast<int64_t>(target.size());
+  report.tensors = static_cast<int64_t>(plan.tensors.size());
   report.seconds = seconds_since(t0);
   report.map_forward = plan.forward;
   return report;
+}
+
+// The blocks a tensor too large for one batch goes in: its saved chunks (a safetensors tensor is
+// one), grown along axis 0 or cut along the leading axes to at most `max_bytes`, so that each block
+// is read as whole chunks or runs of one.
+Shape slab_shape(const Shape& shape, const Shape& chunks, size_t item, int64_t max_bytes) {
+  const size_t rank = shape.rank();
+  std::vector<int64_t> b(rank);
+  for (size_t d = 0; d < rank; ++d) b[d] = std::clamp<int64_t>(chunks[d], 1, std::max<int64_t>(shape[d], 1));
+  std::vector<int64_t> suffix(rank + 1, static_cast<int64_t>(item));  // bytes of b[d:]
+  for (size_t d = rank; d-- > 0;) suffix[d] = suffix[d + 1] * b[d];
+  if (suffix[0] <= max_bytes) {
+    b[0] = std::min(shape[0], b[0] * (max_bytes / suffix[0]));
+    return Shape(std::move(b));
+  }
+  size_t a = 0;
+  while (a + 1 < rank && suffix[a + 1] > max_bytes) b[a++] = 1;
+  b[a] = std::clamp<int64_t>(max_bytes / suffix[a + 1], 1, b[a]);
+  return Shape(std::move(b));
+}
+
+// `v` (the saved `path`, as the target wants it) written as `to` in blocks of `block`, in row-major
+// order, the next read while one is written.
+void write_in_blocks(const CheckpointItem& src, const std::string& path, const Variable& v, const Shape& block,
+                     const std::string& to, StateWriter& writer, const RestoreOptions& reading) {
+  const Shape& shape = v.shape();
+  std::vector<int64_t> counts;
+  int64_t n = 1;
+  for (size_t d = 0; d < shape.rank(); ++d) {
+    counts.push_back(std::max<int64_t>((shape[d] + block[d] - 1) / block[d], 1));
+    n *= counts.back();
+  }
+  auto box_of = [&](int64_t k) {
+    std::vector<int64_t> start(shape.rank()), stop(shape.rank());
+    for (size_t d = shape.rank(); d-- > 0;) {
+      start[d] = k % counts[d] * block[d];
+      stop[d] = std::min(shape[d], start[d] + block[d]);
+      k /= counts[d];
+    }
+    return Box(std::move(start), std::move(stop));
+  };
+  auto read = [&](int64_t k) { return read_box(src, path, box_of(k), v.dtype(), reading); };
+  std::future<HostArray> next = std::async(std::launch::async, read, 0);
+  for (int64_t k = 0; k < n; ++k) {
+    const HostArray slab = next.get();
+    if (k + 1 < n) next = std::async(std::launch::async, read, k + 1);
+    const HostBlock b{box_of(k), slab.bytes()};
+    writer.write(to, std::span<const HostBlock>(&b, 1));
+  }
+}
+
+// The saved chunk shape of `path`.
+Shape saved_chunks(const CheckpointItem& src, const std::string& path) {
+  for (const ParamMetadata& p : src.metadata().params)
+    if (p.path == path) return src.zarr(p).chunks();
+  throw ValueError("'" + path + "' is not saved in " + src.dir().string());
 }
 
 }  // namespace
@@ -242,12 +322,29 @@ ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const fs::pa
       cast.insert(path, Variable::abstract(v.kind(), v.shape(), *options.dtype, v.sharding(), v.partitioning()));
     placed = std::move(cast);
   }
-  State target = rename_prefixes(placed, spec.rename);  // checks the renames before anything is written
-  for (const ExtraLeaf& e : options.extra)
-    target.insert(e.path, Variable::abstract(e.kind, e.value.shape(), e.value.dtype(), NamedSharding(*spec.mesh, {})));
+  // On one device, a tensor larger than a batch goes a slab of rows at a time (read_box), so that
+  // none is ever whole in memory (MaxText's stacked kernels are GiBs each); its Orbax chunks are
+  // the slabs, and safetensors takes a tensor in any boxes.
+  std::map<std::string, Shape> slabs;
+  ConvertOptions writing = options;
+  State written;
+  for (const auto& [path, v] : placed) {
+    if (spec.mesh->device_count() > 1 || v.nbytes() <= options.batch_bytes || v.shape().rank() == 0) {
+      written.insert(path, v);
+      continue;
+    }
+    // Half the budget each: one block is read while the one before is written.
+    const Shape block = slab_shape(v.shape(), saved_chunks(src, path), item_size(v.dtype()),
+                                   std::max<int64_t>(options.batch_bytes / 2, 1));
+    slabs.emplace(path, block);
+    writing.orbax.block_shapes[rename_path(path, spec.rename)] = block;
+    written.insert(path, format == CheckpointFormat::kSafetensors ? Variable::abstract(v.kind(), v.shape(), v.dtype()) : v);
+  }
+  State target = rename_prefixes(written, spec.rename);  // checks the renames before anything is written
+  add_extra(target, options.extra, NamedSharding(*spec.mesh, {}));
   std::optional<StepRoot> root;
   if (options.as_step) root.emplace(dst);
-  std::unique_ptr<StateWriter> writer = make_writer(format, root ? root->tmp() : dst, target, options, spec.rules);
+  std::unique_ptr<StateWriter> writer = make_writer(format, root ? root->tmp() : dst, target, writing, spec.rules);
   // A batch of tensors (at most batch_bytes, or one larger tensor) is restored, written from its
   // blocks and dropped before the next, so memory stays near the largest tensor.
   RestoreOptions restore_options;
@@ -263,21 +360,18 @@ ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const fs::pa
     batch_bytes = 0;
   };
   for (const auto& [path, v] : placed) {
+    report.bytes += v.nbytes();
+    if (auto block = slabs.find(path); block != slabs.end()) {
+      flush();
+      write_in_blocks(src, path, v, block->second, rename_path(path, spec.rename), *writer, restore_options);
+      continue;
+    }
     if (batch_bytes > 0 && batch_bytes + v.nbytes() > options.batch_bytes) flush();
     batch.insert(path, v);
     batch_bytes += v.nbytes();
-    report.bytes += v.nbytes();
   }
   flush();
-  for (const ExtraLeaf& e : options.extra) {
-    const HostBlock whole{Box::full(e.value.shape()), e.value.bytes()};
-    writer->write(e.path, std::span<const HostBlock>(&whole, 1));
-  }
-  writer->commit();
-  if (root) {
-    write_step_metadata(root->tmp() / std::to_string(options.as_step->step), {options.as_step->item});
-    root->commit(options.orbax.durable);
-  }
+  finish(*writer, root, options);
   report.written = format;
   report.source_tensors = static_cast<int64_t>(src.abstract_state().size());
   report.tensors = static_cast<int64_t>(placed.size());

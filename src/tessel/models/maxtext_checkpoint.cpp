@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessel/checkpoint/checkpointer.h"
+#include "tessel/checkpoint/key_map.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/file_util.h"
 #include "tessel/detail/json_util.h"
@@ -286,12 +287,36 @@ void write_maxtext_shardings(const std::vector<MaxTextStateEntry>& entries, cons
   file_util::write_text(dir / "named_shardings.json", json_util::dump(named, 2) + "\n");
 }
 
-ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptions options) {
+namespace {
+
+// Through a key map, its targets (MaxText's parameters, named as in the model) go under
+// params/params/ after the renames asked for.
+std::vector<std::pair<std::string, std::string>> mapped_params_moves(const CheckpointItem& src,
+                                                                     const ConvertOptions& options) {
+  State source = src.abstract_state();
+  if (!options.target.select.empty()) {
+    State picked;
+    for (const std::string& p : select_paths(source, options.target.select)) picked.insert(p, source.at(p));
+    source = std::move(picked);
+  }
+  const MapPlan plan = plan_key_map(*options.map, source);
+  if (!plan.forward)
+    throw ValueError(src.dir().string() + " matches the key map's target side: MaxText's parameter-only checkpoint "
+                     "is written from the map's source side (a Hugging Face checkpoint through a map to MaxText's names)");
+  std::vector<std::pair<std::string, std::string>> moves;
+  for (const MappedTensor& t : plan.tensors) {
+    const std::string renamed = rename_path(t.path, options.target.rename);
+    moves.emplace_back(t.path, renamed.starts_with(kParamsPrefix) ? renamed : kParamsPrefix + renamed);
+  }
+  return moves;
+}
+
+// A MaxText TrainState's params/params/ subtree, or a tessel train state's parameters put there.
+TargetSpec params_only_target(const CheckpointItem& src, TargetSpec spec) {
   const State saved = src.abstract_state();
   bool maxtext = false;
   for (const auto& [path, v] : saved) maxtext = maxtext || path.starts_with(kParamsPrefix);
   // Each leaf goes where the renames put it, under params/params/ unless it is there already.
-  TargetSpec& spec = options.target;
   std::vector<std::pair<std::string, std::string>> moves;
   for (const auto& [path, v] : saved) {
     // MaxText 0.2.5 keeps DeepSeek V3's routing bias under nnx_aux in a TrainState, and reads a
@@ -309,7 +334,18 @@ ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptio
   spec.paths.clear();
   for (const auto& [from, to] : moves) spec.paths.push_back(from);
   spec.rename = std::move(moves);  // a whole path renames exactly that leaf
-  // MaxText's generate_param_only_checkpoint casts to bfloat16.
+  return spec;
+}
+
+}  // namespace
+
+ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptions options) {
+  if (options.map) {
+    options.target.rename = mapped_params_moves(src, options);
+  } else {
+    options.target = params_only_target(src, std::move(options.target));
+  }
+  // MaxText's generate_param_only_checkpoint casts to bfloat16, as its to_maxtext does by default.
   if (!options.dtype) options.dtype = DType::kBF16;
   options.to = CheckpointFormat::kOrbax;
   options.orbax.empty_nodes.insert("opt_state");

@@ -80,8 +80,9 @@ void write_maxtext_shardings(const std::vector<MaxTextStateEntry>& entries, cons
 // conversion of `src`: step 0's item "items" holding TrainState(step=0, params, opt_state={}), the
 // parameters under params/params/ in bfloat16 (unless `options.dtype`). `src` is a MaxText
 // TrainState (its params/params/ subtree) or a tessel train state (its parameters: every leaf but
-// the optimizer's, put under params/params/, after `options.target.rename`). Throws ValueError for
-// a source without parameters.
+// the optimizer's, put under params/params/, after `options.target.rename`); with `options.map`,
+// the map's targets of `src` (a Hugging Face checkpoint), as MaxText's to_maxtext writes them.
+// Throws ValueError for a source without parameters, or one the map would convert backward.
 ConvertOptions maxtext_params_conversion(const CheckpointItem& src, ConvertOptions options);
 
 // `params` (a model's parameters, abstract or not) read from `item` and placed as they are placed
