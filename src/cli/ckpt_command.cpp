@@ -316,9 +316,11 @@ ConvertOptions convert_options(const CkptArgs& a, const CheckpointItem& item) {
   if (!a.dtype.empty()) o.dtype = parse_dtype(a.dtype);
   TargetSpec& spec = o.target;
   if (!a.map.empty()) {
-    if (!a.mesh.empty() || !a.paths.empty() || !a.shardings.empty() || !a.logical_axes.empty() || !a.axis_map.empty())
-      throw ValueError("--map converts on one device: leave out --mesh, --paths, --shardings, --logical-axes, --axis-map");
+    if (!a.paths.empty() || !a.axis_map.empty())
+      throw ValueError("--map picks its tensors by its rules and --select: leave out --paths and --axis-map");
     o.map = load_key_map(a.map, parse_map_vars(a.map_vars));
+    // --mesh, --shardings and --logical-axes place the map's targets (an Orbax item records them).
+    if (!a.mesh.empty() || !a.shardings.empty() || !a.logical_axes.empty()) spec = target_spec(a, item);
   } else {
     spec = target_spec(a, item);
   }

@@ -262,3 +262,47 @@ def test_a_map_conversion_streams_in_a_memory_budget(rng, tmp):
     assert sorted(again) == names
     for n in names:
         assert again[n].dtype == sd[n].dtype and np.array_equal(again[n].view(np.uint16), sd[n].view(np.uint16)), n
+
+
+def test_a_map_places_its_targets_on_a_mesh(rng, tmp):
+    """`--map` with `--mesh` and `--shardings` (specs by the map's target paths): the item records
+    each target's sharding on that mesh (the others a full copy there), restores onto the mesh as
+    saved, every tensor equal to the one-device conversion's; the same into MaxText's
+    parameter-only checkpoint with the specs keyed params/params/...; a sharded safetensors target
+    is refused."""
+    c = random_config(rng, qwen3=True)
+    sd = hf_state_dict(rng, c, rng.choice(["float32", "bfloat16"]))
+    src = os.path.join(tmp, "hf")
+    os.makedirs(src)
+    stnp.save_file(sd, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
+    mapfile = os.path.join(ROOT, "examples", "maps", "qwen3.yml")
+    specs = {"token_embedder/embedding": ["tensor", None], "decoder/layers/mlp/wi_0/kernel": ["fsdp", None, "tensor"],
+             "decoder/layers/self_attention/query/kernel": [None, None, "tensor", None]}
+    shardings = os.path.join(tmp, "shardings.json")
+    json.dump(specs, open(shardings, "w"))
+    placed, plain = os.path.join(tmp, "placed"), os.path.join(tmp, "plain")
+    head_dim = f"head_dim={c['head_dim']}"
+    run("ckpt", "convert", src, placed, "--map", mapfile, "--map-var", head_dim, "--mesh", "fsdp=2,tensor=2",
+        "--shardings", shardings, "--memory-mb", 1)
+    run("ckpt", "convert", src, plain, "--map", mapfile, "--map-var", head_dim)
+    mesh = tessel.Mesh({"fsdp": 2, "tensor": 2})
+    got = leaves(tessel.checkpoint.restore(placed, mesh=mesh))
+    want = leaves(tessel.checkpoint.restore(plain))
+    assert sorted(got) == sorted(want)
+    for path, a in got.items():
+        saved = "PartitionSpec(" + ", ".join("None" if s is None else repr(s) for s in specs.get(path, [])) + ")"
+        assert str(a.sharding) == f"NamedSharding(mesh=Mesh(fsdp=2, tensor=2), spec={saved})", (path, a.sharding)
+        assert a.to_numpy().tobytes() == want[path].to_numpy().tobytes(), path
+    # Into MaxText's parameter-only checkpoint, the specs keyed as MaxText's dumps key them.
+    json.dump({"params/params/" + p: spec for p, spec in specs.items()}, open(shardings, "w"))
+    params = os.path.join(tmp, "params")
+    run("ckpt", "convert", src, params, "--map", mapfile, "--map-var", head_dim, "--mesh", "fsdp=2,tensor=2",
+        "--shardings", shardings, "--to", "maxtext-params", "--dtype", "float32")
+    restored = leaves(tessel.checkpoint.restore(os.path.join(params, "0", "items"), mesh=mesh))
+    embedding = restored["params/params/token_embedder/embedding"]
+    assert str(embedding.sharding.spec) == "PartitionSpec('tensor', None)", embedding.sharding
+    assert embedding.to_numpy().tobytes() == want["token_embedder/embedding"].to_numpy().astype(np.float32).tobytes()
+    r = subprocess.run([cli(), "ckpt", "convert", src, os.path.join(tmp, "st"), "--map", mapfile, "--map-var", head_dim,
+                        "--mesh", "fsdp=2,tensor=2", "--to", "safetensors"], capture_output=True, text=True)
+    assert r.returncode != 0 and "safetensors records no sharding" in r.stderr, r.stderr
+    assert not os.path.exists(os.path.join(tmp, "st"))

@@ -128,10 +128,11 @@ HostArray cast_host(HostArray h, DType dtype) {
 ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, const ConvertOptions& options,
                              CheckpointFormat format) {
   const TargetSpec& spec = options.target;
-  if (spec.mesh || !spec.specs.empty() || !spec.logical_axes.empty() || !spec.axis_map.empty() || !spec.paths.empty() ||
-      !spec.shardings.empty()) {
-    throw ValueError("a key map converts on one device: leave out the mesh, paths, shardings, logical axes and axis map");
-  }
+  if (!spec.axis_map.empty() || !spec.paths.empty())
+    throw ValueError("a key map picks its tensors by its rules and --select: leave out the paths and the axis map");
+  const bool placed = spec.mesh || !spec.specs.empty() || !spec.logical_axes.empty() || !spec.shardings.empty();
+  if (placed && format == CheckpointFormat::kSafetensors)
+    throw ValueError("safetensors records no sharding: a mesh, shardings or logical axes place an Orbax target");
   const auto t0 = std::chrono::steady_clock::now();
   State source = src.abstract_state();
   if (!spec.select.empty()) {
@@ -154,20 +155,32 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     int64_t bytes;  // held while it is made: the source's part, the piece, a copy of either
   };
   std::vector<Work> work;
+  // On a mesh, the item records each target's sharding there (its chunks are still the pieces:
+  // a restore reads any device's box of them).
+  // The given shardings are keyed by the result's paths (MaxText's dumps name params/params/...).
+  State shardings;
+  if (placed) {
+    State abstract;
+    for (const MappedTensor& t : plan.tensors)
+      abstract.insert(rename_path(t.path, spec.rename), Variable::abstract(kParam, t.shape, t.dtype));
+    shardings = place_abstract(abstract, spec);
+  }
   State target;
   ConvertOptions writing = options;
   for (const MappedTensor& t : plan.tensors) {
     const std::string path = rename_path(t.path, spec.rename);
     // safetensors records no sharding, and takes a tensor in any boxes.
     const DType dtype = options.dtype.value_or(t.dtype);
-    target.insert(path, format == CheckpointFormat::kSafetensors ? Variable::abstract(kParam, t.shape, dtype)
-                                                                 : Variable::abstract(kParam, t.shape, dtype, on_host));
+    target.insert(path, format == CheckpointFormat::kSafetensors
+                            ? Variable::abstract(kParam, t.shape, dtype)
+                            : Variable::abstract(kParam, t.shape, dtype,
+                                                 placed ? *shardings.at(path).sharding() : on_host));
     const Variable& s = source.at(t.sources.front());
     // Slabs read in one run each where the result takes any blocks (Orbax's chunks); safetensors
     // is written in runs of the target's rows.
     std::vector<MapPiece> pieces = map_pieces(t, s.shape(), max_piece, format == CheckpointFormat::kOrbax);
     // A tensor made in pieces is written a piece at a time: its blocks (and chunks) are theirs.
-    if (pieces.size() > 1) writing.orbax.block_shapes[path] = pieces.front().target_box.shape();
+    if (pieces.size() > 1 || placed) writing.orbax.block_shapes[path] = pieces.front().target_box.shape();
     const bool permute_only = map_permutation(t, s.shape()) && dtype == s.dtype();
     for (MapPiece& p : pieces) {
       int64_t in = 0;
@@ -180,7 +193,8 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
   add_extra(target, options.extra, on_host);
   std::optional<StepRoot> root;
   if (options.as_step) root.emplace(dst);
-  std::unique_ptr<StateWriter> writer = make_writer(format, root ? root->tmp() : dst, target, writing, std::nullopt);
+  std::unique_ptr<StateWriter> writer =
+      make_writer(format, root ? root->tmp() : dst, target, writing, placed ? spec.rules : std::nullopt);
   RestoreOptions reading;
   reading.staging_bytes = options.staging_bytes;
   reading.readers = 1;  // the pieces are the parallel work

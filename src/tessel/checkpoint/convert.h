@@ -41,8 +41,10 @@ struct ConvertOptions {
   // one device: one_device_mesh of the rules given, else of the saved ones.
   TargetSpec target;
   std::optional<DType> dtype;  // every tensor cast to it
-  // A key map between two trees, applied forward or backward as the source's names match; on
-  // one device (the target's mesh, specs, logical axes and axis map must be left out).
+  // A key map between two trees, applied forward or backward as the source's names match, on the
+  // host. With `target`'s mesh and its shardings, specs or logical axes (keyed by the result's
+  // paths, after the renames), an Orbax target records them (its chunks are the map's pieces).
+  // Paths and an axis map must be left out.
   std::optional<KeyMap> map;
   SaveOptions orbax;                    // the Orbax layout (the target's rules are recorded)
   SafetensorsSaveOptions safetensors;  // files and metadata

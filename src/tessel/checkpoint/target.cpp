@@ -89,6 +89,32 @@ std::vector<const ParamMetadata*> chosen_leaves(const CheckpointItem& item, cons
 }
 
 // The last rung: where `placement` puts a leaf nothing given placed.
+// The sharding `spec` gives `path` (a sharding, a spec on its mesh, or logical axes through the
+// rules), if any.
+std::optional<NamedSharding> given_sharding(const std::string& path, const Variable& v, const TargetSpec& spec,
+                                            const std::optional<LogicalRules>& rules) {
+  if (auto it = spec.shardings.find(path); it != spec.shardings.end()) {
+    NamedSharding s = it->second;
+    s.device_box(s.mesh().device_ids().front(), v.shape());  // checks the sharding fits the shape
+    return s;
+  }
+  if (auto sp = spec.specs.find(path); sp != spec.specs.end()) {
+    if (const auto missing = missing_axes(sp->second, *spec.mesh); !missing.empty()) {
+      throw ValueError(fmt::format(
+          "the target spec of '{}', {}, names mesh axes {} lacks ({}): give the target mesh those axes (with "
+          "--rules, e.g. MaxText's base.yml, or --model and --base, the mesh has each of the rules' mesh_axes, of "
+          "size 1 unless --mesh sizes it)",
+          path, sp->second.to_string(), spec.mesh->to_string(), fmt::join(missing, ", ")));
+    }
+    NamedSharding s(*spec.mesh, sp->second);
+    s.device_box(spec.mesh->device_ids().front(), v.shape());
+    return s;
+  }
+  if (auto la = spec.logical_axes.find(path); la != spec.logical_axes.end())
+    return resolve_sharding(Partitioning::by_logical(la->second), v.shape(), *spec.mesh, *rules, spec.resolve, path);
+  return std::nullopt;
+}
+
 std::optional<NamedSharding> place(const ParamMetadata& p, const Variable& v, const TargetSpec& spec,
                                    const std::optional<LogicalRules>& rules, std::optional<int64_t> devices,
                                    std::vector<std::string>& foreign) {
@@ -163,26 +189,9 @@ State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optio
   std::vector<std::string> foreign;  // leaves whose saved spec names axes the mesh lacks
   for (const ParamMetadata* p : leaves) {
     const Variable& v = saved.at(p->path);
-    std::optional<NamedSharding> s;
-    if (auto it = spec.shardings.find(p->path); it != spec.shardings.end()) {
-      s = it->second;
-      s->device_box(s->mesh().device_ids().front(), v.shape());  // checks the sharding fits the shape
-    } else if (auto sp = spec.specs.find(p->path); sp != spec.specs.end()) {
-      if (const auto missing = missing_axes(sp->second, *spec.mesh); !missing.empty()) {
-        throw ValueError(fmt::format(
-            "the target spec of '{}', {}, names mesh axes {} lacks ({}): give the target mesh those axes (with "
-            "--rules, e.g. MaxText's base.yml, or --model and --base, the mesh has each of the rules' mesh_axes, of "
-            "size 1 unless --mesh sizes it)",
-            p->path, sp->second.to_string(), spec.mesh->to_string(), fmt::join(missing, ", ")));
-      }
-      s = NamedSharding(*spec.mesh, sp->second);
-      s->device_box(spec.mesh->device_ids().front(), v.shape());
-    } else if (auto la = spec.logical_axes.find(p->path); la != spec.logical_axes.end()) {
-      s = resolve_sharding(Partitioning::by_logical(la->second), v.shape(), *spec.mesh, *rules, spec.resolve, p->path);
-    } else {
-      s = place(*p, v, spec, rules, devices, foreign);
-      if (!s) continue;
-    }
+    std::optional<NamedSharding> s = given_sharding(p->path, v, spec, rules);
+    if (!s) s = place(*p, v, spec, rules, devices, foreign);
+    if (!s) continue;
     const auto dtype = spec.dtypes.find(p->path);
     target.insert(p->path, Variable::abstract(v.kind(), v.shape(), dtype == spec.dtypes.end() ? v.dtype() : dtype->second,
                                               s, v.partitioning()));
@@ -197,6 +206,20 @@ State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optio
         foreign.size(), item.dir().string(), join_foreign(foreign)));
   }
   return target;
+}
+
+State place_abstract(const State& abstract, const TargetSpec& spec) {
+  if (!spec.mesh) throw ValueError("placing arrays on a mesh needs one");
+  if (!spec.logical_axes.empty() && !spec.rules) throw ValueError("target logical axes need rules to resolve them (--rules, or a MaxText model's: --model and --base)");
+  check_given(spec.shardings, abstract, "target shardings", "the converted tree");
+  check_given(spec.specs, abstract, "target specs", "the converted tree");
+  check_given(spec.logical_axes, abstract, "target logical axes", "the converted tree");
+  State out;
+  for (const auto& [path, v] : abstract) {
+    const NamedSharding s = given_sharding(path, v, spec, spec.rules).value_or(NamedSharding(*spec.mesh, PartitionSpec{}));
+    out.insert(path, Variable::abstract(v.kind(), v.shape(), v.dtype(), s, v.partitioning()));
+  }
+  return out;
 }
 
 Mesh one_device_mesh(const std::optional<LogicalRules>& rules) {

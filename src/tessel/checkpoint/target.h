@@ -67,6 +67,12 @@ struct TargetSpec {
 // the first of them, with the three ways out) the leaves whose saved specs name axes `mesh` lacks.
 State make_target(const CheckpointItem& item, const TargetSpec& spec, std::optional<int64_t> devices = std::nullopt);
 
+// `abstract` (leaves with no saved metadata: a key map's targets) placed by `spec`: its shardings,
+// specs or logical axes (with its rules) by path, else a full copy on its mesh. Throws ValueError
+// for a spec without a mesh, logical axes without rules, and given entries that name none of the
+// leaves.
+State place_abstract(const State& abstract, const TargetSpec& spec);
+
 // A mesh of one device over the rules' declared mesh axes (each of size 1, so that every rule
 // resolves to axes the mesh has); `host=1` for rules that declare none, or none at all.
 Mesh one_device_mesh(const std::optional<LogicalRules>& rules);
