@@ -27,6 +27,7 @@ from tessel._tessel import (
 )
 from tessel._jax import from_jax, to_jax
 from tessel._model import AbstractArray, eval_shape, forward, load_maxtext_model, load_model, load_rules, plan
+from tessel._nnx import nnx_abstract_state
 from tessel import checkpoint
 
 P = PartitionSpec
@@ -52,6 +53,7 @@ __all__ = [
     "load_maxtext_model",
     "load_model",
     "load_rules",
+    "nnx_abstract_state",
     "plan",
     "to_jax",
 ]

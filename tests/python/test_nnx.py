@@ -342,3 +342,87 @@ def check_docs_scope(scope):
     assert np.isfinite(float(scope["loss"]))
     kernel = scope["kernel"]
     assert [s.data.shape for s in kernel.addressable_shards] == [(8, 2, 128)] * 8
+
+
+class Encoder(nnx.Module):
+    """A user's own NNX module, not one of tessel's: an embedding, vmap-stacked layers (their
+    axis named "layers" by nnx.vmap's metadata) of nnx.LinearGeneral attention projections with
+    3-D kernels and an MLP, norms without names, and its RNG state."""
+
+    def __init__(self, vocab, embed, heads, head_dim, mlp, depth, rngs):
+        init = nnx.initializers.lecun_normal()
+        self.embed = nnx.Embed(vocab, embed, rngs=rngs,
+                               embedding_init=nnx.with_partitioning(nnx.initializers.normal(), ("vocab", "embed")))
+
+        @nnx.split_rngs(splits=depth)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def layers(rngs):
+            return EncoderLayer(embed, heads, head_dim, mlp, init, rngs)
+
+        self.layers = layers(rngs)
+        self.norm = nnx.RMSNorm(embed, rngs=rngs)
+        self.rngs = rngs
+
+
+class EncoderLayer(nnx.Module):
+    def __init__(self, embed, heads, head_dim, mlp, init, rngs):
+        self.query = nnx.LinearGeneral(embed, (heads, head_dim), use_bias=False, rngs=rngs,
+                                       kernel_init=nnx.with_partitioning(init, ("embed", "heads", "kv")))
+        self.out = nnx.LinearGeneral((heads, head_dim), embed, axis=(-2, -1), use_bias=False, rngs=rngs,
+                                     kernel_init=nnx.with_partitioning(init, ("heads", "kv", "embed")))
+        self.wi = nnx.Linear(embed, mlp, rngs=rngs, kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
+                             bias_init=nnx.with_partitioning(nnx.initializers.zeros, ("mlp",)))
+        self.wo = nnx.Linear(mlp, embed, use_bias=False, rngs=rngs,
+                             kernel_init=nnx.with_partitioning(init, ("mlp", "embed")))
+        self.norm = nnx.LayerNorm(embed, rngs=rngs)
+
+
+def test_any_nnx_module_gets_its_abstract_state_and_orbax_restores_into_it(rng, tmp):
+    """tessel.nnx_abstract_state of a user's own module (Encoder): NNX's own state structure, each
+    variable's sharding its logical names through the rules as Linen's logical_to_mesh_axes gives
+    them (unnamed ones replicated), from the module, its state or a function alike; Orbax restores
+    a checkpoint of the module saved on one mesh into it on another, each leaf placed so, values
+    equal, and nnx.merge gives the module back."""
+    mesh = random_mesh(rng)
+    t, f = mesh.shape["tensor"], mesh.shape["fsdp"]
+    sizes = dict(vocab=8 * t * rng.choice([1, 2]), embed=8 * f * rng.choice([1, 2]), heads=t * rng.choice([1, 2]),
+                 head_dim=rng.choice([4, 8]), mlp=8 * t * rng.choice([1, 2]), depth=rng.randint(1, 3))
+    print(mesh, sizes)
+    build = lambda: Encoder(**sizes, rngs=nnx.Rngs(rng.randrange(2**31)))  # noqa: E731
+    target = tessel.nnx_abstract_state(build, mesh, RULES)
+    with nnx.use_eager_sharding(False):
+        model = build()
+    assert jax.tree.structure(target) == jax.tree.structure(nnx.state(model))
+    jmesh = tessel.to_jax(mesh)
+    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    names = nnx.get_partition_spec(nnx.state(model))
+    flat_target = jax.tree_util.tree_flatten_with_path(target, is_leaf=is_variable)[0]
+    flat_names = jax.tree_util.tree_leaves(names, is_leaf=is_variable)
+    sharded = 0
+    for (path, v), n in zip(flat_target, flat_names):
+        axes = tuple(n.get_value()) if isinstance(n, nnx.Variable) else ()
+        want = linen.logical_to_mesh_axes(axes, RULES.rules) if axes else JP()
+        assert v.get_value().sharding == jax.sharding.NamedSharding(jmesh, want), (path, axes, v.get_value().sharding)
+        sharded += any(want)
+    assert sharded >= 5
+    # From the module and from its state: the same.
+    for given in (model, nnx.state(model)):
+        assert jax.tree.map(lambda v: v.sharding, tessel.nnx_abstract_state(given, mesh, RULES)) == \
+            jax.tree.map(lambda v: v.sharding, target)
+    # Orbax: saved from one device, restored into the target on the mesh.
+    path = os.path.join(tmp, "encoder")
+    params = nnx.state(model, nnx.Param)
+    with ocp.StandardCheckpointer() as c:
+        c.save(path, params)
+    with ocp.StandardCheckpointer() as c:
+        restored = c.restore(path, nnx.state(nnx.merge(nnx.graphdef(model), target), nnx.Param))
+    for (p, got), want, placed in zip(jax.tree_util.tree_flatten_with_path(restored)[0], jax.tree.leaves(params),
+                                     jax.tree.leaves(nnx.state(nnx.merge(nnx.graphdef(model), target), nnx.Param))):
+        assert got.sharding == placed.sharding, p
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(p))
+    loaded = nnx.merge(nnx.graphdef(model), restored, nnx.state(model, nnx.Not(nnx.Param)))
+    assert isinstance(loaded, Encoder)
+    with pytest.raises(tessel.ArgumentError, match="rules must be tessel LogicalRules"):
+        tessel.nnx_abstract_state(model, mesh, RULES.rules)
+    with pytest.raises(tessel.ArgumentError, match="model must be an NNX module"):
+        tessel.nnx_abstract_state(3, mesh, RULES)
