@@ -293,6 +293,21 @@ def test_a_map_places_its_targets_on_a_mesh(rng, tmp):
         saved = "PartitionSpec(" + ", ".join("None" if s is None else repr(s) for s in specs.get(path, [])) + ")"
         assert str(a.sharding) == f"NamedSharding(mesh=Mesh(fsdp=2, tensor=2), spec={saved})", (path, a.sharding)
         assert a.to_numpy().tobytes() == want[path].to_numpy().tobytes(), path
+    # Logical axes (MaxText's logical_shardings.json format) with rules: resolved there, and
+    # recorded, so that a restore onto another mesh places the tensors by them.
+    logical = os.path.join(tmp, "logical.json")
+    json.dump({"token_embedder/embedding": {"partition_spec": ["vocab", "embed"], "shape": [c["vocab"], c["embed"]]},
+               "decoder/layers/mlp/wi_0/kernel": {"partition_spec": ["embed", "layers", "mlp"],
+                                                  "shape": [c["embed"], c["layers"], c["mlp"]]}}, open(logical, "w"))
+    rules_file = os.path.join(ROOT, "examples", "models", "rules.yml")
+    by_names = os.path.join(tmp, "by_names")
+    run("ckpt", "convert", src, by_names, "--map", mapfile, "--map-var", head_dim, "--mesh", "fsdp=2",
+        "--logical-axes", logical, "--rules", rules_file)
+    other = tessel.Mesh({"data": 1, "fsdp": 2, "tensor": 2})
+    again = leaves(tessel.checkpoint.restore(by_names, mesh=other, rules=tessel.load_rules(rules_file)))
+    assert str(again["token_embedder/embedding"].sharding.spec) == "PartitionSpec('tensor', 'fsdp')"
+    assert str(again["decoder/layers/mlp/wi_0/kernel"].sharding.spec) == "PartitionSpec('fsdp', None, 'tensor')"
+    assert again["token_embedder/embedding"].to_numpy().tobytes() == want["token_embedder/embedding"].to_numpy().tobytes()
     # Into MaxText's parameter-only checkpoint, the specs keyed as MaxText's dumps key them.
     json.dump({"params/params/" + p: spec for p, spec in specs.items()}, open(shardings, "w"))
     params = os.path.join(tmp, "params")

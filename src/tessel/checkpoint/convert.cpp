@@ -171,10 +171,10 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
     const std::string path = rename_path(t.path, spec.rename);
     // safetensors records no sharding, and takes a tensor in any boxes.
     const DType dtype = options.dtype.value_or(t.dtype);
-    target.insert(path, format == CheckpointFormat::kSafetensors
-                            ? Variable::abstract(kParam, t.shape, dtype)
-                            : Variable::abstract(kParam, t.shape, dtype,
-                                                 placed ? *shardings.at(path).sharding() : on_host));
+    target.insert(path, format == CheckpointFormat::kSafetensors ? Variable::abstract(kParam, t.shape, dtype)
+                        : placed ? Variable::abstract(kParam, t.shape, dtype, *shardings.at(path).sharding(),
+                                                      shardings.at(path).partitioning())
+                                 : Variable::abstract(kParam, t.shape, dtype, on_host));
     const Variable& s = source.at(t.sources.front());
     // Slabs read in one run each where the result takes any blocks (Orbax's chunks); safetensors
     // is written in runs of the target's rows.

@@ -217,7 +217,11 @@ State place_abstract(const State& abstract, const TargetSpec& spec) {
   State out;
   for (const auto& [path, v] : abstract) {
     const NamedSharding s = given_sharding(path, v, spec, spec.rules).value_or(NamedSharding(*spec.mesh, PartitionSpec{}));
-    out.insert(path, Variable::abstract(v.kind(), v.shape(), v.dtype(), s, v.partitioning()));
+    // Logical axes are kept, so that the item records them for a restore onto another mesh.
+    const auto la = spec.logical_axes.find(path);
+    out.insert(path, Variable::abstract(v.kind(), v.shape(), v.dtype(), s,
+                                        la == spec.logical_axes.end() ? v.partitioning()
+                                                                      : Partitioning::by_logical(la->second)));
   }
   return out;
 }
