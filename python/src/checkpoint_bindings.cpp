@@ -18,6 +18,7 @@
 
 #include "bindings.h"
 #include "convert.h"
+#include "job.h"
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/convert.h"
 #include "tessel/checkpoint/item.h"
@@ -77,6 +78,7 @@ struct RestoredArray {
 struct Restored {
   std::vector<RestoredArray> arrays;
   std::map<std::string, int> key_types;
+  RestoreStats stats;
 };
 
 // save(): each leaf is a dict {"path", "dtype", "shape", "sharding", "blocks": [(start, shape,
@@ -124,11 +126,19 @@ fs::path new_dir(const std::string& path, const char* what) {
   return dir;
 }
 
+// save(): in a multi-process job `group` is tessel._job's meeting object (index, count,
+// all_gather) and `local_devices` the ids of this process's devices; None alone.
 void save_leaves(const std::string& path, nb::list leaves, const std::string& compression, bool use_ocdbt,
                  bool use_zarr3, int64_t max_chunk_bytes, std::optional<LogicalRules> rules,
-                 std::vector<std::string> sequence_nodes) {
+                 std::vector<std::string> sequence_nodes, nb::object group, std::vector<int64_t> local_devices) {
   const fs::path dir = local_path(path, "path");
   std::vector<HostLeaf> host = host_leaves(leaves);
+  std::optional<PythonProcessGroup> job;
+  HostProcesses processes;
+  if (!group.is_none()) {
+    job.emplace(group, nb::cast<int>(group.attr("index")), nb::cast<int>(group.attr("count")));
+    processes = {&*job, {local_devices.begin(), local_devices.end()}};
+  }
   SaveOptions options;
   options.compression = Compression::parse(compression);
   options.use_ocdbt = use_ocdbt;
@@ -136,8 +146,9 @@ void save_leaves(const std::string& path, nb::list leaves, const std::string& co
   options.max_chunk_bytes = max_chunk_bytes;
   options.rules = std::move(rules);
   options.sequence_nodes = {sequence_nodes.begin(), sequence_nodes.end()};
-  StagedState staged = stage_host(std::move(host));
+  StagedState staged = stage_host(std::move(host), processes);
   nb::gil_scoped_release release;
+  // Every process creates the parents (they may not share them); the leader alone commits.
   save(new_dir(dir.string(), "path"), staged, options);
 }
 
@@ -193,7 +204,8 @@ Restored restore_item(const std::string& path, std::optional<int64_t> step, std:
                       nb::dict logical_axes, std::optional<std::string> logical_axes_file,
                       std::map<std::string, std::string> axis_map, std::vector<std::string> select,
                       std::vector<std::pair<std::string, std::string>> rename, const std::string& placement,
-                      int64_t staging_bytes) {
+                      int64_t staging_bytes, std::vector<int64_t> job_devices, std::vector<int> job_processes,
+                      int process_index) {
   const fs::path given = local_path(path, "path");
   TargetSpec spec;
   spec.mesh = std::move(mesh);
@@ -216,21 +228,39 @@ Restored restore_item(const std::string& path, std::optional<int64_t> step, std:
   options.staging_bytes = staging_bytes;
   Restored out;
   std::optional<State> restored;
+  std::optional<JobDevices> job;
+  std::map<std::string, NamedSharding> job_shardings;  // the target's, in the job's device ids
   {
     nb::gil_scoped_release release;
     const CheckpointItem item = CheckpointItem::find(given, step, item_name);
     const State target = make_target(item, spec);
     if (!spec.rename.empty()) (void)rename_prefixes(target, spec.rename);  // no two paths become one
     out.key_types = key_types_of(item, target, spec.rename);
-    const Runtime rt = Runtime::host(devices_for(target));
-    restored = restore(rt, item, target, options);
+    if (job_devices.empty()) {
+      restored = restore(Runtime::host(devices_for(target)), item, target, options, &out.stats);
+    } else {
+      // A multi-process job: the target on the positions of the job's devices, each process
+      // reading the blocks of its own devices only.
+      job = JobDevices{std::move(job_devices), std::move(job_processes), process_index};
+      job->check();
+      State placed;
+      for (const auto& [p, v] : target) {
+        job_shardings.emplace(p, *v.sharding());
+        placed.insert(p, Variable::abstract(v.kind(), v.shape(), v.dtype(), job->to_positions(*v.sharding(), "'" + p + "'"),
+                                            v.partitioning()));
+      }
+      restored = restore(Runtime::part_of_job(job->processes, job->process_index), item, placed, options, &out.stats);
+    }
   }
   for (const auto& [p, v] : *restored) {
     const Array& a = v.array(p);
-    RestoredArray r{rename_path(p, spec.rename), p, std::string(name(a.dtype())), dims_of(a.shape().dims()), a.sharding(), {}};
-    for (const Shard& s : a.shards())
-      r.blocks.push_back(
-          {s.device, s.replica_id, dims_of(s.box.starts()), dims_of(s.box.shape().dims()), nb::cast(view(s.buffer))});
+    RestoredArray r{rename_path(p, spec.rename), p, std::string(name(a.dtype())), dims_of(a.shape().dims()),
+                    job ? job_shardings.at(p) : a.sharding(), {}};
+    for (const Shard& s : a.shards()) {
+      if (!s.is_addressable()) continue;  // another process's
+      r.blocks.push_back({job ? job->id_at(s.device) : s.device, s.replica_id, dims_of(s.box.starts()),
+                          dims_of(s.box.shape().dims()), nb::cast(view(s.buffer))});
+    }
     out.arrays.push_back(std::move(r));
   }
   return out;
@@ -330,7 +360,16 @@ void bind_checkpoint(nb::module_& m) {
       .def_ro("blocks", &RestoredArray::blocks);
   nb::class_<Restored>(m, "Restored")
       .def_ro("arrays", &Restored::arrays)
-      .def_ro("key_types", &Restored::key_types);
+      .def_ro("key_types", &Restored::key_types)
+      .def_prop_ro("stats", [](const Restored& r) {
+        const RestoreStats& s = r.stats;
+        nb::dict d;
+        d["bytes_read"] = s.bytes_read;
+        d["chunks_read"] = s.chunks_read;
+        d["target_bytes"] = s.target_bytes;
+        d["seconds"] = s.seconds;
+        return d;
+      });
   nb::class_<ArrayInfo>(m, "ArrayInfo", "One saved array: what `tessel ckpt info` shows.")
       .def_ro("path", &ArrayInfo::path)
       .def_ro("name", &ArrayInfo::name)
@@ -375,11 +414,13 @@ void bind_checkpoint(nb::module_& m) {
   m.def("list_items", [](const std::string& step_dir) { return list_items(local_path(step_dir, "step_dir")); },
         "step_dir"_a);
   m.def("save_leaves", &save_leaves, "path"_a, "leaves"_a, "compression"_a, "use_ocdbt"_a, "use_zarr3"_a,
-        "max_chunk_bytes"_a, "rules"_a, "sequence_nodes"_a);
+        "max_chunk_bytes"_a, "rules"_a, "sequence_nodes"_a, "group"_a = nb::none(),
+        "local_devices"_a = std::vector<int64_t>{});
   m.def("save_safetensors_leaves", &save_safetensors_leaves, "path"_a, "leaves"_a, "max_file_bytes"_a, "metadata"_a);
   m.def("restore", &restore_item, "path"_a, "step"_a, "item"_a, "mesh"_a, "rules"_a, "shardings"_a, "dtypes"_a,
         "logical_axes"_a, "logical_axes_file"_a, "axis_map"_a, "select"_a, "rename"_a, "placement"_a,
-        "staging_bytes"_a);
+        "staging_bytes"_a, "job_devices"_a = std::vector<int64_t>{}, "job_processes"_a = std::vector<int>{},
+        "process_index"_a = 0);
 }
 
 }  // namespace tessel::python

@@ -23,6 +23,7 @@ import numpy as np
 
 from tessel import _tessel
 from tessel._jax import from_jax, to_jax
+from tessel._job import Job, Meeting, jax_device_ids
 from tessel._tessel import ArgumentError, LogicalRules, Mesh, NamedSharding, PartitionSpec
 
 SEQUENCE_KEY = 1  # Orbax's KeyType.SEQUENCE: the key is a list/tuple index
@@ -68,11 +69,17 @@ class ShardedArray:
         return self.shards
 
     def to_numpy(self) -> np.ndarray:
-        """The whole array, assembled from the replica-0 blocks (a copy)."""
+        """The whole array, assembled from the replica-0 blocks (a copy). In a multi-process job
+        only when this process holds every block."""
         out = np.empty(self.shape, self.dtype)
+        covered = 0
         for s in self.shards:
             if s.replica_id == 0:
                 out[s.index] = s.data
+                covered += s.data.size
+        if covered != int(np.prod(self.shape, dtype=np.int64)):
+            raise ArgumentError(f"this process holds {covered} of the array's {int(np.prod(self.shape))} elements "
+                                "(the others are other processes' blocks): use to_jax() or its shards")
         return out
 
     def __array__(self, dtype=None, copy=None):
@@ -84,10 +91,14 @@ class ShardedArray:
         import jax
 
         sharding = jax_sharding if jax_sharding is not None else to_jax(self.sharding)
-        by_id = {d.id: d for d in sharding.mesh.devices.flat} if hasattr(sharding, "mesh") else None
+        by_id = {d.id: d for d in sharding.addressable_devices}
         blocks = []
         for s in self.shards:
-            device = by_id[s.device] if by_id is not None else next(iter(sharding.device_set))
+            device = by_id.get(s.device) if len(sharding.device_set) > 1 else next(iter(sharding.device_set))
+            if device is None:  # another process's device: it makes its own block
+                continue
+            # tessel's buffers are 64-byte aligned, so JAX's CPU client takes them as they are
+            # (no second copy); the block's view keeps tessel's buffer alive inside JAX's.
             blocks.append(jax.device_put(s.data, device))
         return jax.make_array_from_single_device_arrays(self.shape, sharding, blocks)
 
@@ -226,7 +237,10 @@ def _record(path: str, dtype: str, shape, sharding: NamedSharding, blocks: list,
             "logical_axes": logical}
 
 
-def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, logical: Any) -> dict:
+def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, logical: Any,
+                 local: frozenset | None = None) -> dict:
+    """One leaf's record: the distinct blocks this process writes (in a job, `local` holds its
+    devices' ids: the blocks whose replica 0 is there)."""
     if leaf is None:
         raise ArgumentError(f"'{path}': None leaves are not saved; drop them from the tree")
     if type(leaf).__module__.startswith(("jax", "jaxlib")) and hasattr(leaf, "addressable_shards"):
@@ -256,7 +270,7 @@ def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, l
         sharding = NamedSharding(Mesh([("device", 1)]), PartitionSpec())
     blocks = []
     for device, index in sharding.devices_indices_map(array.shape).items():
-        if sharding.replica_id(device) == 0:
+        if sharding.replica_id(device) == 0 and (local is None or device in local):
             block = array[index]
             blocks.append((tuple(sl.start for sl in index), block.shape, _raw(block)))
     return _record(path, _dtype_name(array.dtype, path), array.shape, sharding, blocks, logical)
@@ -264,7 +278,8 @@ def _leaf_record(path: str, leaf: Any, sharding_value: Any, mesh: Mesh | None, l
 
 def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = None,
          logical_axes: Any = None, rules: LogicalRules | None = None, compression: str = "none",
-         use_ocdbt: bool = True, use_zarr3: bool = False, max_chunk_bytes: int = 64 << 20) -> None:
+         use_ocdbt: bool = True, use_zarr3: bool = False, max_chunk_bytes: int = 64 << 20,
+         timeout_s: float = 600) -> None:
     """Saves a tree (dicts, lists, tuples) of NumPy arrays, scalars and jax.Arrays as one Orbax
     PyTree item in the new directory `path` (its parents are created), atomically.
 
@@ -274,17 +289,35 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
     `mesh`. `logical_axes` (a tree or {path: names}) and `rules` are recorded so that a restore
     onto another mesh resolves them again. Layout: OCDBT + zarr v2 (Orbax's default), zarr3 with
     `use_zarr3`, plain files with `use_ocdbt=False`; `compression` is "none", "zstd" or "zstd:L".
+
+    In a multi-process JAX job every process calls save with the same path and tree: each writes
+    the distinct blocks whose replica 0 is on its devices (into its own OCDBT database,
+    `ocdbt.process_N`, as Orbax does) and process 0 commits once all have finished. They meet
+    through JAX's coordination service; a process that fails makes every process raise, one that
+    does not arrive within `timeout_s` makes the others raise, and nothing is committed then.
     """
     path = os.fspath(path)
-    leaves, sequences = _flatten(tree)
-    given = _flat_map(shardings, _is_sharding_leaf)
-    axes = _flat_map(logical_axes, lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
-    for p in list(given) + list(axes):
-        if p not in leaves:
-            raise ArgumentError(f"'{p}' has a sharding or logical axes but is not a leaf of the tree")
-    records = [_leaf_record(p, leaf, given.get(p), mesh, axes.get(p)) for p, leaf in leaves.items()]
+    job = Job.current()
+    meeting = Meeting(job, timeout_s) if job is not None else None
+    try:
+        leaves, sequences = _flatten(tree)
+        given = _flat_map(shardings, _is_sharding_leaf)
+        axes = _flat_map(logical_axes, lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
+        for p in list(given) + list(axes):
+            if p not in leaves:
+                raise ArgumentError(f"'{p}' has a sharding or logical axes but is not a leaf of the tree")
+        local = job.local_ids if job is not None else None
+        records = [_leaf_record(p, leaf, given.get(p), mesh, axes.get(p), local) for p, leaf in leaves.items()]
+        error = None
+    except Exception as e:  # every process learns of it before any writes
+        if meeting is None:
+            raise
+        error, records = e, None
+    if meeting is not None:
+        meeting.agree(error, f"preparing the save of '{path}'")
     # Its parents are created, as Orbax does, once the path is known to be local.
-    _tessel.save_leaves(path, records, compression, use_ocdbt, use_zarr3, max_chunk_bytes, rules, sorted(sequences))
+    _tessel.save_leaves(path, records, compression, use_ocdbt, use_zarr3, max_chunk_bytes, rules, sorted(sequences),
+                        meeting, sorted(job.local_ids) if job is not None else [])
 
 
 def save_safetensors(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = None,
@@ -318,7 +351,7 @@ def save_safetensors(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh 
 def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules: LogicalRules | None = None,
             step: int | None = None, item: str | None = None, select: str | Sequence[str] | None = None,
             as_jax: bool = False, staging_mb: int = 256, axis_map: Mapping[str, str] | None = None,
-            logical_axes: Any = None, rename: Mapping[str, str] | None = None) -> Any:
+            logical_axes: Any = None, rename: Mapping[str, str] | None = None, stats: dict | None = None) -> Any:
     """Restores a checkpoint item onto devices, each device's block read straight from disk.
 
     `path` is an item, an Orbax step directory (its only PyTree item, or `item`) or a directory of
@@ -333,7 +366,12 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
     of it in one call (tessel::TargetSpec).
 
     Returns the tree (dicts, and lists where Orbax recorded sequences) of ShardedArrays, or of
-    jax.Arrays with `as_jax=True`.
+    jax.Arrays with `as_jax=True`. A dict given as `stats` receives what the restore read:
+    bytes_read, chunks_read, target_bytes (of this process's device buffers) and seconds.
+
+    In a multi-process JAX job every process calls restore with the same target (shardings on
+    the job's global mesh, JAX's device ids): each reads the blocks of its own devices only and
+    gets global jax.Arrays (`as_jax=True`), or ShardedArrays holding its own devices' shards.
     """
     given = _flat_map(shardings, _is_sharding_leaf)
     target, dtypes, jax_shardings = {}, {}, {}
@@ -351,7 +389,10 @@ def restore(path: str, *, mesh: Mesh | None = None, shardings: Any = None, rules
     patterns = [] if select is None else [select] if isinstance(select, str) else list(select)
     restored = _tessel.restore(
         os.fspath(path), step, item, mesh, rules, target, dtypes, axes, axes_file, dict(axis_map or {}), patterns,
-        list((rename or {}).items()), "mesh" if mesh is not None else "as_saved_or_one_device", staging_mb << 20)
+        list((rename or {}).items()), "mesh" if mesh is not None else "as_saved_or_one_device", staging_mb << 20,
+        **jax_device_ids(Job.current()))
+    if stats is not None:
+        stats.update(restored.stats)
     out = {}
     for a in restored.arrays:
         dtype = numpy_dtype(a.dtype)

@@ -1,6 +1,10 @@
 // Saves of host leaves (what the Python package hands over), sequence keys in Orbax's metadata,
 // and restore targets built from what an item recorded.
+#include <condition_variable>
+#include <mutex>
 #include <random>
+#include <set>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -109,6 +113,114 @@ TEST(HostSave, BlocksMustBeExactlyTheShardingsBlocks) {
   const HostArray empty({0, 3}, DType::kF32);
   HostLeaf none{"e", empty.shape(), empty.dtype(), rows, {}};
   EXPECT_NO_THROW(stage_host({none}));
+}
+
+// The processes of a job as threads of this test: all_gather meets at a shared table, a round
+// at a time (what JAX's key-value store does for the Python package).
+class ThreadMeeting {
+ public:
+  explicit ThreadMeeting(int count) : count_(count) {}
+  std::vector<std::string> all_gather(int round, int index, const std::string& mine) {
+    std::unique_lock lock(mu_);
+    std::vector<std::string>& parts = rounds_[round];
+    parts.resize(static_cast<size_t>(count_));
+    parts[static_cast<size_t>(index)] = mine;
+    if (++arrived_[round] == count_) cv_.notify_all();
+    cv_.wait(lock, [&] { return arrived_[round] == count_; });
+    return parts;
+  }
+
+ private:
+  const int count_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, std::vector<std::string>> rounds_;
+  std::map<int, int> arrived_;
+};
+
+class ThreadGroup final : public ProcessGroup {
+ public:
+  ThreadGroup(ThreadMeeting& meeting, int index, int count) : meeting_(meeting), index_(index), count_(count) {}
+  int index() const override { return index_; }
+  int count() const override { return count_; }
+  std::vector<std::string> all_gather(const std::string& mine, std::string_view) override {
+    return meeting_.all_gather(round_++, index_, mine);
+  }
+
+ private:
+  ThreadMeeting& meeting_;
+  int index_, count_, round_ = 0;
+};
+
+// This process's part of a leaf: the distinct blocks whose replica 0 is on one of its devices.
+HostLeaf part_of(const Blocks& whole, const std::set<int64_t>& local) {
+  HostLeaf leaf = whole.leaf;
+  leaf.blocks.clear();
+  const std::vector<ShardPlacement> distinct = whole.leaf.sharding.distinct_shards(whole.leaf.shape);
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    for (int64_t d : distinct[i].devices) {
+      if (whole.leaf.sharding.replica_id(d, whole.leaf.shape) != 0) continue;
+      if (local.contains(d)) leaf.blocks.push_back(whole.leaf.blocks[i]);
+      break;
+    }
+  }
+  return leaf;
+}
+
+TEST(HostSave, EachProcessOfAJobWritesTheBlocksWhoseReplicaZeroItHolds) {
+  // 2 processes owning the mesh's devices in no particular order (JAX's ids: sparse).
+  const Mesh mesh({{"x", 2}, {"y", 4}}, {2049, 0, 3, 2048, 1, 2050, 2051, 2});
+  const std::vector<std::set<int64_t>> local = {{0, 1, 2, 3}, {2048, 2049, 2050, 2051}};
+  std::mt19937 rng(20261201);
+  std::vector<Blocks> leaves;
+  std::map<std::string, HostArray> values;
+  const std::vector<PartitionSpec> specs = {{{"x"}, {"y"}}, {{"y"}}, {{}, {"x"}}, {}};
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Shape shape = specs[i].size() == 1 ? Shape{8} : Shape{4, 8};
+    HostArray h = testing::random_host(rng, shape, DType::kF32);
+    const std::string path = "p" + std::to_string(i);
+    leaves.push_back(cut(path, h, NamedSharding(mesh, specs[i])));
+    values.emplace(path, std::move(h));
+  }
+  TempDir tmp;
+  const fs::path dir = tmp.path() / "7";
+  ThreadMeeting meeting(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> processes;
+  for (int p = 0; p < 2; ++p) {
+    processes.emplace_back([&, p] {
+      try {
+        ThreadGroup group(meeting, p, 2);
+        std::vector<HostLeaf> mine;
+        for (const Blocks& b : leaves) mine.push_back(part_of(b, local[static_cast<size_t>(p)]));
+        save(dir, stage_host(mine, {&group, local[static_cast<size_t>(p)]}));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(p)] = e.what();
+      }
+    });
+  }
+  for (auto& t : processes) t.join();
+  EXPECT_EQ(errors, std::vector<std::string>(2));
+  // Orbax's multi-process layout: each process's blocks in its own database.
+  EXPECT_TRUE(fs::is_directory(dir / "ocdbt.process_0"));
+  EXPECT_TRUE(fs::is_directory(dir / "ocdbt.process_1"));
+  const Runtime rt = Runtime::host(8);
+  TargetSpec spec;
+  spec.mesh = Mesh::parse("x=8");
+  spec.placement = Placement::kReplicated;
+  const State restored = restore(rt, CheckpointItem::open(dir), spec);
+  for (const auto& [path, h] : values) EXPECT_TRUE(to_host(restored.at(path).array(path)) == h) << path;
+
+  // A process may give only its own blocks, and must give all of them.
+  ThreadMeeting unused(2);
+  ThreadGroup group(unused, 0, 2);
+  std::vector<HostLeaf> all_blocks = {leaves[0].leaf};
+  EXPECT_THAT([&] { stage_host(all_blocks, {&group, local[0]}); },
+              ThrowsMessage<ValueError>(HasSubstr("is not this process's to write")));
+  HostLeaf short_of_one = part_of(leaves[0], local[0]);
+  short_of_one.blocks.pop_back();
+  EXPECT_THAT([&] { stage_host({short_of_one}, {&group, local[0]}); },
+              ThrowsMessage<ValueError>(HasSubstr("is missing")));
 }
 
 TEST(RestoreTarget, LogicalAxesResolveThroughTheSavedRules) {

@@ -11,6 +11,8 @@
 #include "tessel/core/error.h"
 #include "tessel/runtime/device.h"
 #include "tessel/runtime/inspect.h"
+#include "tessel/runtime/reshard.h"
+#include "tessel/runtime/array.h"
 #include "tessel/runtime/worker_pool.h"
 
 namespace tessel {
@@ -71,6 +73,33 @@ TEST(Runtime, CheckMeshNamesTheMissingDevice) {
   EXPECT_NO_THROW(rt.check_mesh(Mesh::parse("a=2,b=2")));
   EXPECT_THAT([&] { rt.check_mesh(Mesh::parse("a=8")); },
               ThrowsMessage<ValueError>(HasSubstr("uses device 4, but the runtime has devices 0 to 3")));
+}
+
+TEST(Runtime, PartOfAJobHoldsOnlyItsOwnDevices) {
+  // A JAX job's 8 devices, owned by 2 processes in no particular order; this is process 0.
+  const std::vector<int> owners = {1, 0, 1, 0, 0, 1, 1, 0};
+  const Runtime rt = Runtime::part_of_job(owners, 0);
+  EXPECT_EQ(rt.device_count(), 8);
+  EXPECT_EQ(rt.process_count(), 2);
+  EXPECT_EQ(rt.process_index(), 0);
+  EXPECT_EQ(rt.local_device_count(), 4);
+  for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(rt.is_addressable(d), owners[static_cast<size_t>(d)] == 0) << d;
+  // Its devices get their blocks; the others' are placeholders holding nothing here.
+  const HostArray host = testing::iota({8, 2});
+  const NamedSharding rows(Mesh::parse("x=8"), {{"x"}});
+  const Array a = device_put(rt, host, rows);
+  for (int64_t d = 0; d < 8; ++d) {
+    EXPECT_EQ(a.shard(d).is_addressable(), rt.is_addressable(d)) << d;
+    EXPECT_EQ(rt.device(d).memory_stats().in_use, rt.is_addressable(d) ? 8 : 0) << d;
+  }
+  // Moving bytes between processes is the framework's job: refused, naming the device.
+  EXPECT_THAT([&] { reshard(a, NamedSharding(Mesh::parse("x=8"), {})); },
+              ThrowsMessage<ValueError>(HasSubstr("not addressable in this process")));
+  EXPECT_THAT([] { Runtime::part_of_job(std::vector<int>{}, 0); }, ThrowsMessage<ValueError>(HasSubstr("1 to 4096 devices")));
+  EXPECT_THAT([] { Runtime::part_of_job(std::vector<int>{0, -1}, 0); },
+              ThrowsMessage<ValueError>(HasSubstr("must not be negative")));
+  EXPECT_THAT([] { Runtime::part_of_job(std::vector<int>{0, 1}, 2); },
+              ThrowsMessage<ValueError>(HasSubstr("process 2 owns none of the job's 2 devices")));
 }
 
 TEST(WorkerPool, IsSizedToTheMachineNotToTheDevices) {

@@ -64,6 +64,7 @@ struct SaveOptions {
 };
 
 struct HostLeaf;
+struct HostProcesses;
 namespace detail {
 struct StagedLeaves;
 }  // namespace detail
@@ -90,7 +91,7 @@ class StagedState {
  private:
   friend StagedState stage(const State& state);
   friend StagedState stage_in_place(const State& state);
-  friend StagedState stage_host(std::vector<HostLeaf> leaves);
+  friend StagedState stage_host(std::vector<HostLeaf> leaves, const HostProcesses& processes);
   std::unique_ptr<detail::StagedLeaves> leaves_;
 };
 
@@ -116,6 +117,18 @@ struct HostLeaf {
 // ValueError naming the leaf when its blocks are not exactly the sharding's distinct blocks, or a
 // block's byte count is not its box's.
 StagedState stage_host(std::vector<HostLeaf> leaves);
+
+// The processes of a save whose arrays live in another framework's multi-process job (JAX): this
+// process's group (the job's meeting points) and the ids of the devices this process holds, in
+// the leaves' meshes' id space. Both must outlive the save.
+struct HostProcesses {
+  ProcessGroup* group = nullptr;
+  std::set<int64_t> local_devices;
+};
+// The same in one of several processes: each gives exactly the distinct blocks whose replica 0
+// is on one of its devices (as JAX's replica_id), so that every block is written once. Throws
+// ValueError as above, naming a missing or foreign block.
+StagedState stage_host(std::vector<HostLeaf> leaves, const HostProcesses& processes);
 
 // An Orbax PyTree item written through the writer interface (writer.h): the layout comes from
 // `abstract` (every leaf placed: a sharding), each process writes the chunks of its blocks as each

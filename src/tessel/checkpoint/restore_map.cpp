@@ -9,6 +9,7 @@
 #include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/checkpoint/detail/io/parallel.h"
 #include "tessel/checkpoint/detail/restore_plan.h"
+#include "tessel/core/error.h"
 
 namespace tessel::detail {
 namespace {
@@ -69,7 +70,13 @@ void map_block(const LeafRead& p, MappedBlock& m) {
     range.emplace(std::move(*reserved));
   }
   for (size_t k = 0; k < n; ++k) {  // one file open at a time
-    const std::optional<StoredValue> value = locate_chunk(p, m.chunks[k], p.zarr.chunk_key(m.chunks[k]));
+    const std::string key = p.zarr.chunk_key(m.chunks[k]);
+    std::optional<StoredValue> value;
+    try {
+      value = locate_chunk(p, m.chunks[k], key);
+    } catch (const IoError& e) {  // a file the store names is gone: which array's chunk needed it
+      throw IoError(chunk_what(p, key) + ": " + e.what());
+    }
     if (!value || value->size() != chunk_bytes) return;
     if (n > 1) {
       if (!value->map_into(range->data() + static_cast<int64_t>(k) * chunk_bytes)) return;

@@ -292,7 +292,14 @@ int64_t read_chunks(std::vector<LeafRead>& leaves, int readers, int64_t staging_
       will_need(leaves[next.param], next.index);
     }
     const ReadTask& task = tasks[static_cast<size_t>(t)];
-    run_task(leaves[task.param], task, staging, buffers[static_cast<size_t>(worker)], verify, counters);
+    const LeafRead& p = leaves[task.param];
+    try {
+      run_task(p, task, staging, buffers[static_cast<size_t>(worker)], verify, counters);
+    } catch (const IoError& e) {
+      // A file the store names is gone or unreadable (another process's database deleted, say):
+      // say which array's chunk needed it.
+      throw IoError(chunk_what(p, p.zarr.chunk_key(task.index)) + ": " + e.what());
+    }
   });
   int64_t kept = 0;
   for (const auto& b : buffers) kept += static_cast<int64_t>(b.stored.size() + b.decoded.size());

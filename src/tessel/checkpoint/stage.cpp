@@ -84,6 +84,7 @@ State StagedState::abstract() const {
 
 ProcessGroup& StagedState::processes() const {
   static SingleProcessGroup one;
+  if (leaves_->group) return *leaves_->group;
   return leaves_->runtime ? leaves_->runtime->processes() : one;
 }
 
@@ -108,9 +109,20 @@ StagedState stage_in_place(const State& state) {
   return staged;
 }
 
-StagedState stage_host(std::vector<HostLeaf> leaves) {
+StagedState stage_host(std::vector<HostLeaf> leaves) { return stage_host(std::move(leaves), HostProcesses{}); }
+
+StagedState stage_host(std::vector<HostLeaf> leaves, const HostProcesses& processes) {
   StagedState staged;
   detail::StagedLeaves& s = *staged.leaves_;
+  s.group = processes.group;
+  // In one process every distinct block is this process's to write; in a job, those whose
+  // replica 0 is on one of its devices.
+  const auto mine = [&](const NamedSharding& sharding, const Shape& shape, const ShardPlacement& placement) {
+    if (processes.group == nullptr) return true;
+    for (int64_t d : placement.devices)
+      if (sharding.replica_id(d, shape) == 0) return processes.local_devices.count(d) > 0;
+    return false;
+  };
   std::set<std::string> paths;
   for (HostLeaf& leaf : leaves) {
     const std::string what = "'" + leaf.path + "'";
@@ -119,8 +131,10 @@ StagedState stage_host(std::vector<HostLeaf> leaves) {
     // Empty blocks hold nothing to write: only the others are wanted (their starts differ).
     std::map<std::vector<int64_t>, size_t> wanted;  // block start -> index among the distinct blocks
     const std::vector<ShardPlacement> distinct = leaf.sharding.distinct_shards(leaf.shape);
+    std::vector<bool> ours(distinct.size());
     for (size_t i = 0; i < distinct.size(); ++i) {
       if (distinct[i].box.empty()) continue;
+      ours[i] = mine(leaf.sharding, leaf.shape, distinct[i]);
       wanted.emplace(std::vector<int64_t>(distinct[i].box.starts().begin(), distinct[i].box.starts().end()), i);
     }
     std::vector<bool> seen(distinct.size(), false);
@@ -131,6 +145,10 @@ StagedState stage_host(std::vector<HostLeaf> leaves) {
       if (box.rank() != leaf.shape.rank() || it == wanted.end() || !(distinct[it->second].box == box)) {
         throw ValueError(what + ": block " + box.to_string() + " is not one of the blocks of " +
                          leaf.sharding.to_string() + " for shape " + leaf.shape.to_string());
+      }
+      if (!ours[it->second]) {
+        throw ValueError(what + ": block " + box.to_string() + " is not this process's to write: its replica 0 is on " +
+                         "another process's device");
       }
       if (seen[it->second]) throw ValueError(what + ": block " + box.to_string() + " is given twice");
       seen[it->second] = true;
@@ -143,9 +161,7 @@ StagedState stage_host(std::vector<HostLeaf> leaves) {
       l.blocks.push_back({box, bytes});
     }
     for (size_t i = 0; i < distinct.size(); ++i) {
-      if (!seen[i] && !distinct[i].box.empty()) {
-        throw ValueError(what + ": block " + distinct[i].box.to_string() + " is missing");
-      }
+      if (!seen[i] && ours[i]) throw ValueError(what + ": block " + distinct[i].box.to_string() + " is missing");
     }
     s.leaves.push_back(std::move(l));
   }

@@ -1,5 +1,6 @@
 #include "tessel/runtime/runtime.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
@@ -27,6 +28,7 @@ struct Runtime::Impl {
   std::unique_ptr<ProcessGroup> processes;
   int process_index = 0;
   int process_count = 1;
+  int64_t local_devices = 0;
 
   explicit Impl(int threads) : pool(threads) {}
 };
@@ -75,6 +77,17 @@ std::shared_ptr<Device> Runtime::shared_device(int64_t id) const {
   return impl_->devices[static_cast<size_t>(id)];
 }
 
+namespace {
+
+void check_options(const RuntimeOptions& options) {
+  if (options.memory_limit && *options.memory_limit < 0)
+    throw ValueError(fmt::format("memory limit must not be negative, got {}", *options.memory_limit));
+  if (options.threads < 0)
+    throw ValueError(fmt::format("worker thread count must not be negative, got {}", options.threads));
+}
+
+}  // namespace
+
 Runtime Runtime::multi_process(RuntimeOptions options, int process_index, int process_count,
                                const CommunicatorFactory& make_communicator) {
   const int64_t k = options.devices == 0 ? default_device_count() : options.devices;
@@ -83,25 +96,49 @@ Runtime Runtime::multi_process(RuntimeOptions options, int process_index, int pr
   if (k < 1 || k * process_count > kMaxDevices)
     throw ValueError(fmt::format("{} processes of {} devices: a runtime has 1 to {} devices", process_count, k,
                                  kMaxDevices));
-  if (options.memory_limit && *options.memory_limit < 0)
-    throw ValueError(fmt::format("memory limit must not be negative, got {}", *options.memory_limit));
-  if (options.threads < 0)
-    throw ValueError(fmt::format("worker thread count must not be negative, got {}", options.threads));
+  check_options(options);
+  std::vector<int> owners;
+  for (int64_t id = 0; id < k * process_count; ++id) owners.push_back(static_cast<int>(id / k));
+  return Runtime(make_impl(options, owners, process_index, process_count, make_communicator));
+}
+
+Runtime Runtime::part_of_job(std::span<const int> device_processes, int process_index, RuntimeOptions options) {
+  const auto n = static_cast<int64_t>(device_processes.size());
+  if (n < 1 || n > kMaxDevices)
+    throw ValueError(fmt::format("a job's runtime has 1 to {} devices, got {}", kMaxDevices, n));
+  check_options(options);
+  int process_count = 0;
+  for (int p : device_processes) {
+    if (p < 0) throw ValueError(fmt::format("a device's process index must not be negative, got {}", p));
+    process_count = std::max(process_count, p + 1);
+  }
+  if (std::find(device_processes.begin(), device_processes.end(), process_index) == device_processes.end())
+    throw ValueError(fmt::format("process {} owns none of the job's {} devices", process_index, n));
+  return Runtime(make_impl(options, {device_processes.begin(), device_processes.end()}, process_index, process_count,
+                           [](WorkerPool& pool, std::span<Device* const> devices) {
+                             return std::make_unique<InProcessCommunicator>(pool, devices);
+                           }));
+}
+
+std::shared_ptr<Runtime::Impl> Runtime::make_impl(const RuntimeOptions& options, const std::vector<int>& owners,
+                                                  int process_index, int process_count,
+                                                  const CommunicatorFactory& make_communicator) {
   auto impl = std::make_shared<Impl>(options.threads);
   impl->process_index = process_index;
   impl->process_count = process_count;
-  for (int64_t id = 0; id < k * process_count; ++id) {
-    impl->devices.push_back(std::make_shared<Device>(id, static_cast<int>(id / k), options.memory_limit));
+  for (size_t id = 0; id < owners.size(); ++id) {
+    impl->devices.push_back(std::make_shared<Device>(static_cast<int64_t>(id), owners[id], options.memory_limit));
     impl->device_ptrs.push_back(impl->devices.back().get());
+    if (owners[id] == process_index) ++impl->local_devices;
   }
   impl->communicator = make_communicator(impl->pool, impl->device_ptrs);
   impl->processes = impl->communicator->new_process_group();
-  return Runtime(std::move(impl));
+  return impl;
 }
 
 int Runtime::process_index() const { return impl_->process_index; }
 int Runtime::process_count() const { return impl_->process_count; }
-int64_t Runtime::local_device_count() const { return device_count() / impl_->process_count; }
+int64_t Runtime::local_device_count() const { return impl_->local_devices; }
 
 bool Runtime::is_addressable(int64_t id) const {
   return device(id).process_index() == process_index();

@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tessel/sharding/mesh.h"
 
@@ -45,6 +46,13 @@ class Runtime {
   using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(WorkerPool&, std::span<Device* const>)>;
   static Runtime multi_process(RuntimeOptions options, int process_index, int process_count,
                                const CommunicatorFactory& make_communicator);
+  // This process's part of a job whose processes another framework drives (a multi-process JAX
+  // job): device d belongs to process device_processes[d] and only this process's devices hold
+  // memory. Arrays, device_put and restores work on its devices; a copy or reduction between
+  // processes throws ValueError (the framework moves those bytes), and processes() is this
+  // process alone (a save across the job's processes brings its own ProcessGroup). Throws
+  // ValueError for an empty or oversized device list, or a process index that owns no device.
+  static Runtime part_of_job(std::span<const int> device_processes, int process_index, RuntimeOptions options = {});
 
   int64_t device_count() const;
   Device& device(int64_t id) const;  // throws ValueError naming the valid range
@@ -70,6 +78,9 @@ class Runtime {
 
  private:
   struct Impl;
+  static std::shared_ptr<Impl> make_impl(const RuntimeOptions& options, const std::vector<int>& owners,
+                                         int process_index, int process_count,
+                                         const CommunicatorFactory& make_communicator);
   explicit Runtime(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };

@@ -13,6 +13,7 @@
 
 #include "tessel/core/box.h"
 #include "tessel/runtime/array.h"
+#include "tessel/runtime/process_group.h"
 #include "tessel/runtime/runtime.h"
 #include "tessel/state/variable.h"
 
@@ -46,6 +47,7 @@ struct StagedLeaves {
   };
   std::vector<Leaf> leaves;
   std::optional<Runtime> runtime;  // of the arrays; none for an empty state or host leaves
+  ProcessGroup* group = nullptr;   // host leaves of a job's processes (HostProcesses)
   std::vector<HostCopy> owned;     // the host copies the blocks point into (staged)
   std::vector<Array> held;         // or the arrays themselves (a save in place)
   int64_t bytes = 0;
