@@ -23,33 +23,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(scenario: str, processes: int, devices: int, case: dict, timeout: float = 240,
-            expect_failure: bool = False) -> list:
-    """Runs `scenario` in `processes` processes of `devices` host CPU devices each; returns each
-    process's result (a dict), or with expect_failure each one's (returncode, result or stderr)."""
-    port = free_port()
+def run_processes(argv, processes: int, devices: int, timeout: float = 240) -> list:
+    """Starts `processes` processes, `argv(p, "127.0.0.1:PORT")` each, of `devices` host CPU devices
+    each; returns each one's (returncode, stdout, stderr). All are killed by the end, also when one
+    hangs (an AssertionError naming it) or the test fails."""
+    coordinator = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     procs = []
     try:
         for p in range(processes):
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "jax_job.py"), scenario, str(p), str(processes), str(port),
-                 json.dumps(case)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                start_new_session=True))
+            procs.append(subprocess.Popen([sys.executable, *argv(p, coordinator)], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=env, start_new_session=True))
         deadline = time.monotonic() + timeout
         outs = []
         for p, proc in enumerate(procs):
             try:
                 out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{scenario}: process {p} of {processes} did not finish within {timeout} s")
+                raise AssertionError(f"{argv(p, coordinator)[:2]}: process {p} of {processes} did not finish within "
+                                     f"{timeout} s") from None
             outs.append((proc.returncode, out, err))
+        return outs
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def run_job(scenario: str, processes: int, devices: int, case: dict, timeout: float = 240,
+            expect_failure: bool = False) -> list:
+    """Runs `scenario` of this file in a job; returns each process's result (a dict), or with
+    expect_failure each one's (returncode, result or None, the end of its stderr)."""
+    outs = run_processes(lambda p, coordinator: [os.path.join(HERE, "jax_job.py"), scenario, str(p), str(processes),
+                                                 coordinator, json.dumps(case)], processes, devices, timeout)
     results = []
     for p, (rc, out, err) in enumerate(outs):
         line = next((l for l in reversed(out.splitlines()) if l.startswith("RESULT ")), None)
@@ -148,11 +156,11 @@ def check_shards(restored: dict, full: dict) -> dict:
 
 
 def main() -> None:
-    scenario, pid, count, port, case = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+    scenario, pid, count, coordinator, case = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=pid,
+    jax.distributed.initialize(coordinator, num_processes=count, process_id=pid,
                                initialization_timeout=120)
     import numpy as np
 
