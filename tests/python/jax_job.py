@@ -196,8 +196,16 @@ def main() -> None:
             with ocp.StandardCheckpointer() as c:
                 restored = flatten(c.restore(path, nest(target)))
         else:
+            form = case["restore"].get("form", "sds")
             try:
-                sharded = flatten(tessel.checkpoint.restore(path, shardings=target, stats=stats))
+                if form == "mesh":  # a tessel Mesh of JAX's device ids: the saved specs on it
+                    jmesh = mesh(jax, case["restore"]["mesh"])
+                    sharded = flatten(tessel.checkpoint.restore(path, mesh=tessel.from_jax(jmesh), stats=stats))
+                    target = {n: jax.ShapeDtypeStruct(full[n].shape, full[n].dtype, sharding=jax.sharding.NamedSharding(
+                        jmesh, jax.sharding.PartitionSpec(*case["save"]["specs"][n]))) for n in full}
+                else:  # jax.ShapeDtypeStructs, or JAX NamedShardings
+                    given = target if form == "sds" else {n: t.sharding for n, t in target.items()}
+                    sharded = flatten(tessel.checkpoint.restore(path, shardings=given, stats=stats))
             except Exception as e:
                 print("RESULT " + json.dumps({"process": pid, "error": f"{type(e).__name__}: {e}"}), flush=True)
                 return
