@@ -52,7 +52,8 @@ class Meeting:
             raise Error("a multi-process save needs jax.distributed.initialize() first")
         self.index, self.count = job.index, job.count
         self.timeout_s = timeout_s
-        self.prefix = f"tessel/save/{next(_saves)}"
+        self.number = next(_saves)
+        self.prefix = f"tessel/save/{self.number}"
         self.rounds = itertools.count()
 
     def all_gather(self, mine: bytes, what: str) -> list:
@@ -69,6 +70,12 @@ class Meeting:
                 raise Error(f"{what}: process(es) {missing or [p]} of {self.count} did not arrive within "
                             f"{self.timeout_s:g} s (one died or failed before this point); nothing was committed "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        if key.endswith("/0") and self.index == 0 and self.number > 0:
+            # Every process has met in this save, so all are done with the previous one: its keys go.
+            try:
+                self.client.key_value_delete(f"tessel/save/{self.number - 1}")
+            except Exception:  # pragma: no cover - the store keeps a few stale keys then
+                pass
         return parts
 
     def _arrived(self, key: str) -> bool:
@@ -77,15 +84,27 @@ class Meeting:
         except Exception:
             return False
 
-    def agree(self, error: BaseException | None, what: str) -> None:
-        """A meeting on Python's side of a save: raises on every process when any failed."""
-        parts = self.all_gather(b"+" if error is None else b"-" + str(error).encode()[:2000], what)
+    def agree(self, error: BaseException | None, what: str, layout: str = "") -> None:
+        """A meeting on Python's side of a save: raises on every process when any failed, or when
+        the processes' `layout`s (what each is about to save) differ."""
+        parts = self.all_gather(b"+" + layout.encode() if error is None else b"-" + str(error).encode()[:2000], what)
         for p, part in enumerate(parts):
             if part[:1] == b"+":
                 continue
             if error is not None:
                 raise error
             raise Error(f"{what} failed on process {p}: {part[1:].decode(errors='replace')}")
+        for p, part in enumerate(parts):
+            if part != parts[0]:
+                raise Error(f"{what}: process {p} saves another tree than process 0 (every process must pass the "
+                            f"same paths, shapes, dtypes and shardings): {_first_difference(parts[0], part)}")
+
+
+def _first_difference(a: bytes, b: bytes) -> str:
+    for x, y in zip(a[1:].decode().split("\n"), b[1:].decode().split("\n")):
+        if x != y:
+            return f"process 0 has {x[:300]!r}, this one {y[:300]!r}"
+    return "one has more leaves than the other"
 
 
 def jax_device_ids(job: Job | None) -> dict[str, Any]:

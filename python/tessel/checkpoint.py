@@ -308,13 +308,15 @@ def save(path: str, tree: Any, *, shardings: Any = None, mesh: Mesh | None = Non
                 raise ArgumentError(f"'{p}' has a sharding or logical axes but is not a leaf of the tree")
         local = job.local_ids if job is not None else None
         records = [_leaf_record(p, leaf, given.get(p), mesh, axes.get(p), local) for p, leaf in leaves.items()]
+        layout = "\n".join(f"{r['path']} {r['dtype']}{list(r['shape'])} {r['sharding']!r} {list(r['sharding'].mesh.device_ids)}"
+                           for r in records)
         error = None
     except Exception as e:  # every process learns of it before any writes
         if meeting is None:
             raise
-        error, records = e, None
+        error, records, layout = e, None, ""
     if meeting is not None:
-        meeting.agree(error, f"preparing the save of '{path}'")
+        meeting.agree(error, f"preparing the save of '{path}'", layout)
     # Its parents are created, as Orbax does, once the path is known to be local.
     _tessel.save_leaves(path, records, compression, use_ocdbt, use_zarr3, max_chunk_bytes, rules, sorted(sequences),
                         meeting, sorted(job.local_ids) if job is not None else [])

@@ -119,6 +119,14 @@ def test_a_process_that_raises_or_dies_leaves_no_step(tmp, rng):
     assert "failed on process 1" in results[0][1]["error"] and "None leaves" in results[0][1]["error"]
     assert not os.path.exists(case["path"])
 
+    case = random_case(rng, os.path.join(tmp, "differs"))
+    case["save"] = random_layout(rng, case)
+    case["differ"] = 1
+    for rc, result, err in run_job("save_tessel", 2, 4, case, expect_failure=True):
+        assert result is not None and "saves another tree than process 0" in result["error"], (result, err)
+        assert "float16" in result["error"], result
+    assert not os.path.exists(case["path"])
+
     case = random_case(rng, os.path.join(tmp, "dies"))
     case["save"] = random_layout(rng, case)
     case["die"], case["timeout_s"] = 1, 8

@@ -134,12 +134,7 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
   if (placed && format == CheckpointFormat::kSafetensors)
     throw ValueError("safetensors records no sharding: a mesh, shardings or logical axes place an Orbax target");
   const auto t0 = std::chrono::steady_clock::now();
-  State source = src.abstract_state();
-  if (!spec.select.empty()) {
-    State picked;
-    for (const std::string& p : select_paths(source, spec.select)) picked.insert(p, source.at(p));
-    source = std::move(picked);
-  }
+  const State source = select_leaves(src.abstract_state(), spec.select);
   const MapPlan plan = plan_key_map(*options.map, source);
   const Mesh host({{"host", 1}});
   const NamedSharding on_host(host, PartitionSpec{});
@@ -280,28 +275,18 @@ Shape slab_shape(const Shape& shape, const Shape& chunks, size_t item, int64_t m
 // order, the next read while one is written.
 void write_in_blocks(const CheckpointItem& src, const std::string& path, const Variable& v, const Shape& block,
                      const std::string& to, StateWriter& writer, const RestoreOptions& reading) {
-  const Shape& shape = v.shape();
-  std::vector<int64_t> counts;
-  int64_t n = 1;
-  for (size_t d = 0; d < shape.rank(); ++d) {
-    counts.push_back(std::max<int64_t>((shape[d] + block[d] - 1) / block[d], 1));
-    n *= counts.back();
-  }
-  auto box_of = [&](int64_t k) {
-    std::vector<int64_t> start(shape.rank()), stop(shape.rank());
-    for (size_t d = shape.rank(); d-- > 0;) {
-      start[d] = k % counts[d] * block[d];
-      stop[d] = std::min(shape[d], start[d] + block[d]);
-      k /= counts[d];
-    }
-    return Box(std::move(start), std::move(stop));
-  };
-  auto read = [&](int64_t k) { return read_box(src, path, box_of(k), v.dtype(), reading); };
-  std::future<HostArray> next = std::async(std::launch::async, read, 0);
-  for (int64_t k = 0; k < n; ++k) {
+  // The blocks are the chunks of a grid of `block` over the tensor (cut at its end), row-major.
+  const detail::ZarrArray grid(v.shape(), block, v.dtype(), Compression::none());
+  const Box full = Box::full(v.shape());
+  std::vector<Box> boxes;
+  for (const std::vector<int64_t>& index : grid.chunks_in(full)) boxes.push_back(full.intersect(grid.chunk_box(index)));
+  if (boxes.empty()) boxes.push_back(full);  // a tensor of no elements: one empty block marks it written
+  auto read = [&](size_t k) { return read_box(src, path, boxes[k], v.dtype(), reading); };
+  std::future<HostArray> next = std::async(std::launch::async, read, size_t{0});
+  for (size_t k = 0; k < boxes.size(); ++k) {
     const HostArray slab = next.get();
-    if (k + 1 < n) next = std::async(std::launch::async, read, k + 1);
-    const HostBlock b{box_of(k), slab.bytes()};
+    if (k + 1 < boxes.size()) next = std::async(std::launch::async, read, k + 1);
+    const HostBlock b{boxes[k], slab.bytes()};
     writer.write(to, std::span<const HostBlock>(&b, 1));
   }
 }

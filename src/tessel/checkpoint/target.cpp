@@ -302,6 +302,13 @@ std::vector<std::string> select_paths(const State& state, const std::vector<std:
   return out;
 }
 
+State select_leaves(const State& state, const std::vector<std::string>& patterns) {
+  if (patterns.empty()) return state;
+  State picked;
+  for (const std::string& p : select_paths(state, patterns)) picked.insert(p, state.at(p));
+  return picked;
+}
+
 namespace {
 
 // A prefix of levels as a '/'-joined path without a trailing '/'.

@@ -92,6 +92,8 @@ std::map<std::string, std::string> parse_axis_map(std::string_view text);
 // Subtrees: the paths of `state` that match any glob (fnmatch, on the '/'- or the '.'-joined path:
 // "params.params.decoder.*", "opt_state/0/mu/*"), in State order. Throws ValueError when none does.
 std::vector<std::string> select_paths(const State& state, const std::vector<std::string>& patterns);
+// The leaves of `state` select_paths picks; all of them when `patterns` is empty.
+State select_leaves(const State& state, const std::vector<std::string>& patterns);
 
 // Moves subtrees: each path under the first `old` prefix (whole levels, '/'- or '.'-joined) that
 // it starts with is put under `new` instead ("" strips it: {"params.params", ""} turns a MaxText

@@ -293,13 +293,7 @@ namespace {
 // params/params/ after the renames asked for.
 std::vector<std::pair<std::string, std::string>> mapped_params_moves(const CheckpointItem& src,
                                                                      const ConvertOptions& options) {
-  State source = src.abstract_state();
-  if (!options.target.select.empty()) {
-    State picked;
-    for (const std::string& p : select_paths(source, options.target.select)) picked.insert(p, source.at(p));
-    source = std::move(picked);
-  }
-  const MapPlan plan = plan_key_map(*options.map, source);
+  const MapPlan plan = plan_key_map(*options.map, select_leaves(src.abstract_state(), options.target.select));
   if (!plan.forward)
     throw ValueError(src.dir().string() + " matches the key map's target side: MaxText's parameter-only checkpoint "
                      "is written from the map's source side (a Hugging Face checkpoint through a map to MaxText's names)");
