@@ -170,15 +170,29 @@ def main() -> None:
     path = case.get("path")
     if scenario == "save_tessel":
         tree = global_arrays(jax, case, "save")
-        if case.get("die") == pid:
+        if case.get("die") == pid and "die_at_meeting" not in case:
             os._exit(3)  # dies instead of saving: the others must give up and commit nothing
+        if case.get("die") == pid:  # dies in the middle of the save, at its n-th meeting
+            from tessel import _job
+
+            gather, calls = _job.Meeting.all_gather, [0]
+
+            def dying(self, mine, what):
+                calls[0] += 1
+                if calls[0] > case["die_at_meeting"]:
+                    os._exit(3)
+                return gather(self, mine, what)
+
+            _job.Meeting.all_gather = dying
         if case.get("fail") == pid:  # a bad leaf in this process only: every process must raise
             tree[next(iter(case["arrays"]))] = None
         if case.get("differ") == pid:  # another dtype in this process only: the same
             first = next(iter(case["arrays"]))
             tree[first] = tree[first].astype(np.float16)
         try:
-            tessel.checkpoint.save(path, nest(tree), timeout_s=case.get("timeout_s", 120))
+            logical = {n: tuple(a) for n, a in case["logical"].items()} if "logical" in case else None
+            tessel.checkpoint.save(path, nest(tree), timeout_s=case.get("timeout_s", 120),
+                                   logical_axes=nest(logical) if logical else None)
             result["saved"] = True
         except Exception as e:
             result["error"] = f"{type(e).__name__}: {e}"
@@ -201,7 +215,13 @@ def main() -> None:
         else:
             form = case["restore"].get("form", "sds")
             try:
-                if form == "mesh":  # a tessel Mesh of JAX's device ids: the saved specs on it
+                if form == "rules":  # a tessel Mesh of JAX's device ids and rules: the saved logical axes
+                    jmesh = mesh(jax, case["restore"]["mesh"])
+                    rules = tessel.LogicalRules([tuple(r) for r in case["rules"]])
+                    sharded = flatten(tessel.checkpoint.restore(path, mesh=tessel.from_jax(jmesh), rules=rules,
+                                                                stats=stats))
+                    result["specs"] = {n: list(a.sharding.spec) for n, a in sharded.items()}
+                elif form == "mesh":  # a tessel Mesh of JAX's device ids: the saved specs on it
                     jmesh = mesh(jax, case["restore"]["mesh"])
                     sharded = flatten(tessel.checkpoint.restore(path, mesh=tessel.from_jax(jmesh), stats=stats))
                     target = {n: jax.ShapeDtypeStruct(full[n].shape, full[n].dtype, sharding=jax.sharding.NamedSharding(
@@ -215,7 +235,7 @@ def main() -> None:
             # The jax.Arrays take tessel's buffers as they are: the same addresses, no copy.
             restored, aliased, blocks = {}, 0, 0
             for name, a in sharded.items():
-                restored[name] = a.to_jax(target[name].sharding)
+                restored[name] = a.to_jax(target[name].sharding if form in ("sds", "named") else None)
                 ours = {s.device: s.data.ctypes.data for s in a.shards}
                 for s in restored[name].addressable_shards:
                     blocks += 1

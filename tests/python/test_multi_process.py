@@ -91,10 +91,18 @@ def test_saved_by_2_processes_restores_with_1_2_4_onto_other_meshes(tmp, rng, sa
 def test_saved_by_4_processes_restores_with_2(tmp, rng):
     case = random_case(rng, os.path.join(tmp, "ckpt"))
     case["save"] = random_layout(rng, case)
+    # Saved with logical axes, restored by them through rules on the job's mesh.
+    case["logical"] = {"params/w": ["rows", "cols"], "params/emb": ["vocab", "cols"], "params/e": ["depth", "rows", "cols"],
+                       "step": []}
+    case["rules"] = [["rows", "x"], ["vocab", "x"], ["cols", "y"], ["depth", None]]
     assert all(r.get("saved") for r in run_job("save_tessel", 4, 2, case))
     assert len([d for d in os.listdir(case["path"]) if d.startswith("ocdbt.process_")]) == 4
     case["restore"] = random_layout(rng, case)
-    check_restored(run_job("restore_tessel", 2, 4, case), case, 2)
+    case["restore"]["form"] = "rules"
+    results = run_job("restore_tessel", 2, 4, case)
+    check_restored(results, case, 2)
+    assert results[0]["specs"] == {"params/w": ["x", "y"], "params/emb": ["x", "y"], "params/e": [None, "x", "y"],
+                                   "step": []}, results[0]["specs"]
     # In one process, without JAX's job: the same values.
     restored = tessel.checkpoint.restore(case["path"], mesh=tessel.Mesh({"x": 4, "y": 2}))
     from jax_job import arrays
@@ -135,6 +143,19 @@ def test_a_process_that_raises_or_dies_leaves_no_step(tmp, rng):
     rc, result, err = results[0]
     assert result is not None and "did not arrive within 8 s" in result["error"] and "[1]" in result["error"], (result, err)
     assert not os.path.exists(case["path"])  # at most its .orbax-checkpoint-tmp, which no reader takes
+
+    # Dies in the middle: after writing its blocks, at the meeting where the checksums are
+    # gathered for the commit (the save's 4th: preparing, starting, the process databases, this).
+    case = random_case(rng, os.path.join(tmp, "dies_writing"))
+    case["save"] = random_layout(rng, case)
+    case["die"], case["die_at_meeting"], case["timeout_s"] = 1, 3, 8
+    results = run_job("save_tessel", 2, 4, case, expect_failure=True, timeout=120)
+    assert results[1][0] == 3
+    rc, result, err = results[0]
+    assert result is not None and "did not arrive within 8 s" in result["error"], (result, err)
+    assert "saving" in result["error"], result
+    assert not os.path.exists(case["path"])
+    assert not os.path.exists(case["path"] + ".orbax-checkpoint-tmp")  # process 0 removed what was written
 
 
 def test_blocks_missing_on_restore_are_a_clear_error(tmp, rng):
