@@ -32,11 +32,24 @@ class Job:
         """The job this process is part of, or None outside a multi-process JAX job (JAX not
         imported by the caller, or one process)."""
         jax = sys.modules.get("jax")
-        if jax is None or jax.process_count() == 1:
+        if jax is None or not _jax_started():
+            return None
+        if jax.process_count() == 1:
             return None
         devices = sorted(jax.devices(), key=lambda d: d.id)
         return Job(jax.process_index(), jax.process_count(), tuple(d.id for d in devices),
                    tuple(d.process_index for d in devices), frozenset(d.id for d in jax.local_devices()))
+
+
+def _jax_started() -> bool:
+    """Whether JAX's distributed client or a backend is up: asking for the process count otherwise
+    would start the backends (on a GPU, taking most of its memory) just to learn there is one."""
+    try:
+        from jax._src import distributed, xla_bridge
+
+        return distributed.global_state.client is not None or bool(getattr(xla_bridge, "_backends", True))
+    except ImportError:  # pragma: no cover - another JAX layout: ask JAX
+        return True
 
 
 class Meeting:
