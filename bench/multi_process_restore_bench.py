@@ -14,6 +14,10 @@ time is its slower process; the figures are medians of the rounds. Warm page cac
 checkpoint was just written) unless --cold (root: drops the page cache before each restore).
 
     .venv/bin/python bench/multi_process_restore_bench.py [--gib 1] [--rounds 3] [--cold]
+    .venv/bin/python bench/multi_process_restore_bench.py --save [--gib 1] [--rounds 3]
+
+With --save it times the saves instead: the same state saved by the 2-process job with tessel
+(uncompressed, its default, and zstd level 1, Orbax's codec) and with Orbax.
 """
 import argparse
 import json
@@ -75,9 +79,26 @@ def worker(role, engine, pid, count, coordinator, config):
         s = jax.sharding.NamedSharding(mesh, P("fsdp", None))
         tree = {n: jax.make_array_from_callback((ROWS, COLS), s, lambda idx, i=i: value_block(i, idx))
                 for i, n in enumerate(names)}
-        with ocp.StandardCheckpointer() as c:
-            c.save(config["path"], tree)
-        print("RESULT {}", flush=True)
+        if engine == "orbax-untimed":  # the checkpoint the restores read
+            with ocp.StandardCheckpointer() as c:
+                c.save(config["path"], tree)
+            print("RESULT {}", flush=True)
+            return
+        jax.block_until_ready(tree)
+        prime = np.ones(3 * config["arrays"] * ROWS * COLS * 4 // count, np.uint8)  # as for the restores
+        del prime
+        multihost_utils.sync_global_devices("start")
+        t0 = time.perf_counter()
+        if engine == "orbax":  # its defaults: OCDBT, zstd; done when the checkpointer has finished
+            with ocp.StandardCheckpointer() as c:
+                c.save(config["path"], tree)
+        else:  # "tessel" (uncompressed, its default) or "tessel-zstd" (Orbax's codec)
+            tessel.checkpoint.save(config["path"], tree, compression="zstd:1" if engine == "tessel-zstd" else "none")
+        seconds = time.perf_counter() - t0
+        multihost_utils.sync_global_devices("end")
+        print("RESULT " + json.dumps({"process": pid, "seconds": seconds,
+                                      "shard_bytes": sum(s.data.nbytes for a in tree.values()
+                                                         for s in a.addressable_shards)}), flush=True)
         return
     if config["target"] == "same":
         s = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("fsdp",)), P("fsdp", None))
@@ -163,6 +184,27 @@ def run(role, engine, config, processes=2, devices=4):
     return results
 
 
+def save_rounds(config, rounds):
+    """The same 1 GiB state saved by a 2-process job: tessel (uncompressed, and zstd level 1 as
+    Orbax writes) against Orbax's StandardCheckpointer, rounds alternating, a fresh directory each."""
+    total = config["arrays"] * ROWS * COLS * 4
+    engines = ("tessel", "tessel-zstd", "orbax")
+    times = {e: [] for e in engines}
+    base = config["path"]
+    for r in range(rounds):
+        for e in engines:
+            config["path"] = f"{base}-{e}-{r}"
+            times[e].append(max(x["seconds"] for x in run("save", e, config)))
+            shutil.rmtree(config["path"], ignore_errors=True)
+    print(f"save by 2 processes of 4 devices, {total / 2**30:.2f} GiB (rows over fsdp=8), {rounds} rounds")
+    print("| save | job time, median (rounds) | GB/s (job) | Orbax / it |")
+    print("|---|---|---|---|")
+    med = {e: statistics.median(times[e]) for e in engines}
+    for e in engines:
+        print(f"| {e} | {med[e]:.3f} s ({', '.join(f'{x:.3f}' for x in times[e])}) | {total / med[e] / 1e9:.2f} | "
+              f"{med['orbax'] / med[e]:.2f}x |")
+
+
 def drop_caches():
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -178,12 +220,16 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0, help="checkpoint size (arrays of 64 MiB)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="drop the page cache before each restore (root)")
+    ap.add_argument("--save", action="store_true", help="time saves instead (tessel's and Orbax's)")
     ap.add_argument("--dir", default=None, help="where the checkpoint goes (default: a temporary directory)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(dir=args.dir)
     try:
         config = {"arrays": max(1, round(args.gib * 16)), "path": os.path.join(work, "ckpt")}
-        run("save", "orbax", config)
+        if args.save:
+            save_rounds(config, args.rounds)
+            return
+        run("save", "orbax-untimed", config)
         total = config["arrays"] * ROWS * COLS * 4
         print(f"checkpoint: Orbax, saved by 2 processes, {total / 2**30:.2f} GiB in {config['arrays']} float32 arrays "
               f"[{ROWS}, {COLS}] (rows over fsdp=8); {'cold' if args.cold else 'warm'} page cache; {args.rounds} rounds")
