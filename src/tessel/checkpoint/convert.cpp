@@ -271,6 +271,20 @@ Shape slab_shape(const Shape& shape, const Shape& chunks, size_t item, int64_t m
   return Shape(std::move(b));
 }
 
+// For a safetensors target, whose tensors are row-major runs: whole rows of whole saved chunks
+// (each block one contiguous run of the file, each chunk read once), grown along axis 0, when a
+// row of chunks fits in `max_bytes`; else the chunks' own slabs.
+Shape row_slab_shape(const Shape& shape, const Shape& chunks, size_t item, int64_t max_bytes) {
+  std::vector<int64_t> rows(chunks.dims().begin(), chunks.dims().end());
+  int64_t bytes = static_cast<int64_t>(item) * std::clamp<int64_t>(rows[0], 1, std::max<int64_t>(shape[0], 1));
+  for (size_t d = 1; d < shape.rank(); ++d) {
+    rows[d] = std::max<int64_t>(shape[d], 1);
+    bytes = rows[d] > max_bytes / std::max<int64_t>(bytes, 1) ? max_bytes + 1 : bytes * rows[d];
+  }
+  if (bytes > max_bytes) return slab_shape(shape, chunks, item, max_bytes);
+  return slab_shape(shape, Shape(std::move(rows)), item, max_bytes);
+}
+
 // `v` (the saved `path`, as the target wants it) written as `to` in blocks of `block`, in row-major
 // order, the next read while one is written.
 void write_in_blocks(const CheckpointItem& src, const std::string& path, const Variable& v, const Shape& block,
@@ -333,8 +347,10 @@ ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const fs::pa
       continue;
     }
     // Half the budget each: one block is read while the one before is written.
-    const Shape block = slab_shape(v.shape(), saved_chunks(src, path), item_size(v.dtype()),
-                                   std::max<int64_t>(options.batch_bytes / 2, 1));
+    const int64_t half = std::max<int64_t>(options.batch_bytes / 2, 1);
+    const Shape block = format == CheckpointFormat::kSafetensors
+                            ? row_slab_shape(v.shape(), saved_chunks(src, path), item_size(v.dtype()), half)
+                            : slab_shape(v.shape(), saved_chunks(src, path), item_size(v.dtype()), half);
     slabs.emplace(path, block);
     writing.orbax.block_shapes[rename_path(path, spec.rename)] = block;
     written.insert(path, format == CheckpointFormat::kSafetensors ? Variable::abstract(v.kind(), v.shape(), v.dtype()) : v);
