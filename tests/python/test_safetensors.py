@@ -179,6 +179,29 @@ def test_convert_safetensors_to_orbax_and_back(rng, tmp, x64):
     assert r.returncode == 0 and "0 faults" in r.stdout, r.stdout + r.stderr
 
 
+def test_convert_streams_tensors_larger_than_the_budget_to_safetensors(rng, tmp):
+    """Orbax items whose tensors are several times `memory_mb`, chunked along any axes, stored
+    uncompressed (read in ranges of whole rows) or zstd (rows of whole chunks, or the chunks'
+    slabs where such a row does not fit), convert to safetensors bit for bit."""
+    mesh = tessel.Mesh({"x": 2, "y": 4})
+    # The first: zstd chunks of 256 KiB along axis 0, so that rows of whole chunks fit the budget.
+    cases = [((4096, 2, 64), tessel.P("x"), "zstd", 256 << 10)]
+    for _ in range(3):
+        cases.append(((rng.choice([128, 256, 512]), rng.choice([4, 8]), rng.choice([1024, 2048])),  # 2 to 32 MiB
+                      rng.choice([tessel.P("x", None, "y"), tessel.P(None, "y", "x"), tessel.P("x"), tessel.P(None, None, "y")]),
+                      rng.choice(["none", "zstd"]), rng.choice([256 << 10, 1 << 20, 4 << 20])))
+    for case, (shape, spec, compression, chunk_bytes) in enumerate(cases):
+        w = np.random.default_rng(rng.randrange(2**31)).standard_normal(shape).astype(np.float32)
+        item = os.path.join(tmp, f"item{case}")
+        tessel.checkpoint.save(item, {"w": w, "b": w[0, 0]}, mesh=mesh, shardings={"w": tessel.NamedSharding(mesh, spec)},
+                               compression=compression, max_chunk_bytes=chunk_bytes)
+        out = os.path.join(tmp, f"out{case}")
+        tessel.checkpoint.convert(item, out, to="safetensors", memory_mb=1)
+        got = stnp.load_file(os.path.join(out, "model.safetensors"))
+        print(case, shape, spec, compression, f"{w.nbytes / 2**20:.0f} MiB")
+        assert got["w"].tobytes() == w.tobytes() and got["b"].tobytes() == w[0, 0].tobytes()
+
+
 def test_bad_safetensors_are_clear_errors(tmp):
     path = os.path.join(tmp, "w.safetensors")
     stnp.save_file({"w": np.arange(16, dtype=np.float32)}, path)

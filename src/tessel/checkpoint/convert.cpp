@@ -271,17 +271,19 @@ Shape slab_shape(const Shape& shape, const Shape& chunks, size_t item, int64_t m
   return Shape(std::move(b));
 }
 
-// For a safetensors target, whose tensors are row-major runs: whole rows of whole saved chunks
-// (each block one contiguous run of the file, each chunk read once), grown along axis 0, when a
-// row of chunks fits in `max_bytes`; else the chunks' own slabs.
-Shape row_slab_shape(const Shape& shape, const Shape& chunks, size_t item, int64_t max_bytes) {
-  std::vector<int64_t> rows(chunks.dims().begin(), chunks.dims().end());
-  int64_t bytes = static_cast<int64_t>(item) * std::clamp<int64_t>(rows[0], 1, std::max<int64_t>(shape[0], 1));
-  for (size_t d = 1; d < shape.rank(); ++d) {
-    rows[d] = std::max<int64_t>(shape[d], 1);
-    bytes = rows[d] > max_bytes / std::max<int64_t>(bytes, 1) ? max_bytes + 1 : bytes * rows[d];
-  }
-  if (bytes > max_bytes) return slab_shape(shape, chunks, item, max_bytes);
+// For a safetensors target, whose tensors are row-major: blocks of whole rows (all of the trailing
+// dimensions), each one contiguous run of the file, as many rows as fit in `max_bytes`. Stored
+// uncompressed, each row's part of a chunk is a range of it (a MaxText kernel [embed, layers, mlp]
+// chunked a layer at a time is read in ranges of whole rows); compressed, a chunk is decoded whole
+// for every block it meets, so blocks are rows of whole chunks, or the chunks' own slabs where a
+// row of chunks does not fit.
+Shape row_slab_shape(const Shape& shape, const detail::ZarrArray& saved, size_t item, int64_t max_bytes) {
+  const bool whole_chunks = saved.compression().kind != Compression::Kind::kNone || saved.chunk_checksum();
+  std::vector<int64_t> rows(shape.dims().begin(), shape.dims().end());
+  rows[0] = whole_chunks ? saved.chunks()[0] : 1;
+  int64_t bytes = static_cast<int64_t>(item);
+  for (int64_t n : rows) bytes = std::max<int64_t>(n, 1) > max_bytes / bytes ? max_bytes + 1 : bytes * std::max<int64_t>(n, 1);
+  if (bytes > max_bytes) return slab_shape(shape, saved.chunks(), item, max_bytes);
   return slab_shape(shape, Shape(std::move(rows)), item, max_bytes);
 }
 
@@ -305,10 +307,10 @@ void write_in_blocks(const CheckpointItem& src, const std::string& path, const V
   }
 }
 
-// The saved chunk shape of `path`.
-Shape saved_chunks(const CheckpointItem& src, const std::string& path) {
+// How `path` is stored: its chunks and codec.
+detail::ZarrArray saved_zarr(const CheckpointItem& src, const std::string& path) {
   for (const ParamMetadata& p : src.metadata().params)
-    if (p.path == path) return src.zarr(p).chunks();
+    if (p.path == path) return src.zarr(p);
   throw ValueError("'" + path + "' is not saved in " + src.dir().string());
 }
 
@@ -348,9 +350,10 @@ ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const fs::pa
     }
     // Half the budget each: one block is read while the one before is written.
     const int64_t half = std::max<int64_t>(options.batch_bytes / 2, 1);
+    const detail::ZarrArray saved = saved_zarr(src, path);
     const Shape block = format == CheckpointFormat::kSafetensors
-                            ? row_slab_shape(v.shape(), saved_chunks(src, path), item_size(v.dtype()), half)
-                            : slab_shape(v.shape(), saved_chunks(src, path), item_size(v.dtype()), half);
+                            ? row_slab_shape(v.shape(), saved, item_size(v.dtype()), half)
+                            : slab_shape(v.shape(), saved.chunks(), item_size(v.dtype()), half);
     slabs.emplace(path, block);
     writing.orbax.block_shapes[rename_path(path, spec.rename)] = block;
     written.insert(path, format == CheckpointFormat::kSafetensors ? Variable::abstract(v.kind(), v.shape(), v.dtype()) : v);
