@@ -278,9 +278,8 @@ Shape slab_shape(const Shape& shape, const Shape& chunks, size_t item, int64_t m
 // for every block it meets, so blocks are rows of whole chunks, or the chunks' own slabs where a
 // row of chunks does not fit.
 Shape row_slab_shape(const Shape& shape, const detail::ZarrArray& saved, size_t item, int64_t max_bytes) {
-  const bool whole_chunks = saved.compression().kind != Compression::Kind::kNone || saved.chunk_checksum();
   std::vector<int64_t> rows(shape.dims().begin(), shape.dims().end());
-  rows[0] = whole_chunks ? saved.chunks()[0] : 1;
+  rows[0] = saved.raw_chunks() ? 1 : saved.chunks()[0];
   int64_t bytes = static_cast<int64_t>(item);
   for (int64_t n : rows) bytes = std::max<int64_t>(n, 1) > max_bytes / bytes ? max_bytes + 1 : bytes * std::max<int64_t>(n, 1);
   if (bytes > max_bytes) return slab_shape(shape, saved.chunks(), item, max_bytes);
@@ -309,8 +308,7 @@ void write_in_blocks(const CheckpointItem& src, const std::string& path, const V
 
 // How `path` is stored: its chunks and codec.
 detail::ZarrArray saved_zarr(const CheckpointItem& src, const std::string& path) {
-  for (const ParamMetadata& p : src.metadata().params)
-    if (p.path == path) return src.zarr(p);
+  if (const ParamMetadata* p = src.metadata().find(path)) return src.zarr(*p);
   throw ValueError("'" + path + "' is not saved in " + src.dir().string());
 }
 

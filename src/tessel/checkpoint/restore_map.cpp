@@ -36,7 +36,7 @@ constexpr int64_t kMinMappedBytes = int64_t{1} << 20;
 // several chunks is mapped chunk by chunk into one range, so each chunk must be whole pages.
 void mappable_blocks(const LeafRead& p, size_t param, std::vector<MappedBlock>& out) {
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
-  if (p.zarr.compression().kind != Compression::Kind::kNone || p.zarr.chunk_checksum() || p.zarr.sharded() ||
+  if (!p.zarr.raw_chunks() || p.zarr.sharded() ||
       p.zarr.dtype() != p.target_dtype || chunk_bytes < kMinMappedBytes) {
     return;
   }

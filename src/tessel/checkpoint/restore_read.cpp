@@ -209,7 +209,7 @@ void run_task(const LeafRead& p, const ReadTask& task, ByteBudget& staging, Work
   const int64_t size = f.size();
   const int64_t chunk_bytes = p.zarr.chunk_bytes();
   // A chunk that carries its own CRC-32C is read whole, like a compressed one.
-  const bool raw = p.zarr.compression().kind == Compression::Kind::kNone && !p.zarr.chunk_checksum();
+  const bool raw = p.zarr.raw_chunks();
   if (raw && size != chunk_bytes) {
     throw ValueError(chunk_what(p, key) + ": " + std::to_string(size) + " bytes, an uncompressed chunk of " +
                      p.zarr.chunks().to_string() + " " + std::string(name(p.zarr.dtype())) + " has " +

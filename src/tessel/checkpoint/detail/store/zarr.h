@@ -75,6 +75,9 @@ class ZarrArray {
                                          std::string_view what) const;
   // The chunk bytes end in their own CRC-32C (zarr v3's crc32c codec).
   bool chunk_checksum() const { return chunk_crc_; }
+  // Each chunk stored as its raw bytes (no codec, no checksum of its own): any part of it can be
+  // read as a byte range; otherwise a chunk is read and decoded whole.
+  bool raw_chunks() const { return compression_.kind == Compression::Kind::kNone && !chunk_crc_; }
 
   int64_t chunk_bytes() const { return chunk_bytes_; }
   std::vector<int64_t> grid() const;  // ceil(shape / chunks) per dimension
