@@ -6,7 +6,7 @@
 set -euo pipefail
 packages=(cmake make g++ pkg-config nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
           libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev libblosc-dev libopenblas-dev libdnnl-dev
-          ocl-icd-opencl-dev
+          ocl-icd-opencl-dev libcurl4-openssl-dev libssl-dev libpugixml-dev
           libopenmpi-dev openmpi-bin)
 if [ "${1:-build}" = test ]; then
   packages+=(clang libclang-rt-14-dev zstd)

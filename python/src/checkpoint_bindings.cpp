@@ -26,6 +26,7 @@
 #include "tessel/checkpoint/safetensors.h"
 #include "tessel/checkpoint/target.h"
 #include "tessel/core/error.h"
+#include "tessel/core/location.h"
 #include "tessel/core/path.h"
 #include "tessel/models/maxtext_checkpoint.h"
 #include "tessel/runtime/array.h"
@@ -206,7 +207,7 @@ Restored restore_item(const std::string& path, std::optional<int64_t> step, std:
                       std::vector<std::pair<std::string, std::string>> rename, const std::string& placement,
                       int64_t staging_bytes, std::vector<int64_t> job_devices, std::vector<int> job_processes,
                       int process_index) {
-  const fs::path given = local_path(path, "path");
+  const Location given = Location::parse(path, "path");
   TargetSpec spec;
   spec.mesh = std::move(mesh);
   spec.rules = std::move(rules);
@@ -301,7 +302,8 @@ std::string convert_item(const std::string& src, const std::string& dst, std::op
                          std::optional<std::string> map, std::map<std::string, std::string> map_vars,
                          int64_t max_file_bytes, const std::string& compression, bool use_ocdbt, bool use_zarr3,
                          int64_t memory_bytes) {
-  const fs::path from = local_path(src, "src"), into = local_path(dst, "dst");
+  const Location from = Location::parse(src, "src");
+  const fs::path into = local_path(dst, "dst");
   if (to && *to != "orbax" && *to != "safetensors" && *to != "maxtext-params")
     throw ValueError("to must be 'orbax', 'safetensors' or 'maxtext-params', not '" + *to + "'");
   if (max_file_bytes < 0 || max_file_bytes % (int64_t{1} << 20) != 0)
@@ -337,7 +339,7 @@ std::string convert_item(const std::string& src, const std::string& dst, std::op
 }
 
 ItemView open_item(const std::string& path, std::optional<int64_t> step, std::optional<std::string> item) {
-  const fs::path given = local_path(path, "path");
+  const Location given = Location::parse(path, "path");
   nb::gil_scoped_release release;
   return {CheckpointItem::find(given, step, item)};
 }
@@ -406,12 +408,12 @@ void bind_checkpoint(nb::module_& m) {
   m.def("convert", &convert_item, "src"_a, "dst"_a, "step"_a, "item"_a, "to"_a, "mesh"_a, "rules"_a, "dtype"_a,
         "select"_a, "rename"_a, "map"_a, "map_vars"_a, "max_file_bytes"_a, "compression"_a, "use_ocdbt"_a,
         "use_zarr3"_a, "memory_bytes"_a);
-  m.def("list_steps", [](const std::string& root) { return list_steps(local_path(root, "root")); }, "root"_a);
+  m.def("list_steps", [](const std::string& root) { return list_steps(Location::parse(root, "root")); }, "root"_a);
   nb::class_<ItemInfo>(m, "ItemInfo", "One item of an Orbax step directory.")
       .def_ro("name", &ItemInfo::name)
       .def_ro("handler", &ItemInfo::handler)
       .def_ro("holds_arrays", &ItemInfo::holds_arrays);
-  m.def("list_items", [](const std::string& step_dir) { return list_items(local_path(step_dir, "step_dir")); },
+  m.def("list_items", [](const std::string& step_dir) { return list_items(Location::parse(step_dir, "step_dir")); },
         "step_dir"_a);
   m.def("save_leaves", &save_leaves, "path"_a, "leaves"_a, "compression"_a, "use_ocdbt"_a, "use_zarr3"_a,
         "max_chunk_bytes"_a, "rules"_a, "sequence_nodes"_a, "group"_a = nb::none(),

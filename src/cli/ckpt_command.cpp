@@ -68,9 +68,9 @@ std::string short_handler(const std::string& handler) {
 void info(const CkptArgs& a) {
   nlohmann::json j;
   std::string text;
-  const fs::path root(a.dir);
+  const Location root(a.dir);
   const CheckpointItem opened = CheckpointItem::find(root, a.step, a.item);
-  const fs::path& item = opened.dir();
+  const Location& item = opened.dir();
   // The steps of DIR and the items of the item's step, unless DIR is the item itself, or the
   // step is one bare item.
   if (item != root) {
@@ -79,7 +79,7 @@ void info(const CkptArgs& a) {
       j["steps"] = steps;
       text += fmt::format("steps: {} (latest {})\n", fmt::join(steps, ", "), steps.back());
     }
-    const fs::path step_dir = item.parent_path();
+    const Location step_dir = item.parent();
     if (step_dir != root || steps.empty()) {
       j["items"] = nlohmann::json::array();
       std::vector<std::string> lines;
@@ -123,7 +123,7 @@ void info(const CkptArgs& a) {
 
 void verify_command(const CkptArgs& a) {
   const CheckpointItem opened = CheckpointItem::find(a.dir, a.step, a.item);
-  const fs::path& item = opened.dir();
+  const Location& item = opened.dir();
   const VerifyReport r = verify(opened);
   for (const auto& f : r.faults) std::cout << "FAULT " << f << "\n";
   std::cout << fmt::format("{}: {} arrays, {} chunks, {} read, {} checksums compared, {} faults\n", item.string(), r.arrays,
@@ -214,7 +214,7 @@ State restore_onto(const CkptArgs& a, const Runtime& rt, const CheckpointItem& i
 
 void restore_command(const CkptArgs& a) {
   const CheckpointItem opened = CheckpointItem::find(a.dir, a.step, a.item);
-  const fs::path& item = opened.dir();
+  const Location& item = opened.dir();
   Target t = make_target(a, opened);
   Runtime rt = runtime_for(a, t.mesh);
   RestoreStats stats;
@@ -361,9 +361,10 @@ void add_ckpt_command(CLI::App& app) {
       "ckpt", "Inspect, verify, restore, export, reshard and convert checkpoints (Orbax items, safetensors)");
   ckpt->require_subcommand(1);
   auto common = [&](CLI::App* c) {
-    path_option(c->add_option("dir", args->dir,
-                               "A checkpoint: an Orbax item, step directory or directory of steps; or a .safetensors "
-                               "file, a .safetensors.index.json or a directory holding model.safetensors[.index.json]"))
+    location_option(c->add_option("dir", args->dir,
+                                  "A checkpoint: an Orbax item, step directory or directory of steps; or a .safetensors "
+                                  "file, a .safetensors.index.json or a directory holding model.safetensors[.index.json]; "
+                                  "local, or in a bucket (s3://bucket/prefix)"))
         ->required();
     c->add_option("--step", args->step, "Step to use in a directory of steps (default: the latest)");
     c->add_option("--item", args->item, "Item of the step to use (default: its only PyTree item)");

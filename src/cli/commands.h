@@ -44,6 +44,8 @@ std::string process_label();
 // Makes `option` a path: a URL other than file:///path is refused as a bad command line (object
 // stores are not supported yet), before anything is written; file:///path becomes the path.
 CLI::Option* path_option(CLI::Option* option);
+// A checkpoint to read: a local path (file:///path too) or s3://bucket/prefix, gs://bucket/prefix.
+CLI::Option* location_option(CLI::Option* option);
 
 // --storage and --zarr3, for every command that writes checkpoints.
 struct StorageArgs {

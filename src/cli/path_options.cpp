@@ -1,6 +1,8 @@
-// Options that take a path: a URL is refused on the command line, before any command runs.
+// Options that take a path: a URL is refused on the command line, before any command runs, but
+// where a checkpoint may be in a bucket (s3://bucket/prefix).
 #include "cli/commands.h"
 #include "tessel/core/error.h"
+#include "tessel/core/location.h"
 #include "tessel/core/path.h"
 
 namespace tessel::cli {
@@ -17,6 +19,19 @@ CLI::Option* path_option(CLI::Option* option) {
         return {};
       },
       "", "local path"));
+}
+
+CLI::Option* location_option(CLI::Option* option) {
+  return option->transform(CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          value = Location::parse(value, "").string();
+        } catch (const ValueError& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "", "local path or bucket URL"));
 }
 
 }  // namespace tessel::cli

@@ -375,7 +375,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--checkpoint-every", args->checkpoint_every, "Save every K steps (and always at the end)");
   c->add_option("--keep", args->keep, "Checkpoints to keep")->capture_default_str();
   c->add_flag("--resume", args->resume, "Continue from the latest checkpoint, on the mesh given now");
-  path_option(c->add_option("--init-from", args->init_from,
+  location_option(c->add_option("--init-from", args->init_from,
                             "Start from the parameters of this checkpoint (tessel's tree, MaxText's params/params, "
                             "or one converted from safetensors) with a fresh optimizer; a checkpoint --resume finds "
                             "comes first"));

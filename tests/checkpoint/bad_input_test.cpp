@@ -83,7 +83,7 @@ TEST(CheckpointBadInput, CorruptOcdbtValuesNameParameterAndChunk) {
     const OcdbtEntry* e = db.find("enc.w/1.0");
     ASSERT_NE(e, nullptr);
     ASSERT_FALSE(e->is_inline) << "32-byte chunks would be inline: the test needs a value in a data file";
-    flip_byte(db.data_file(*e), e->offset + 3);
+    flip_byte(db.data_file(*e).local(), e->offset + 3);
     EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("'enc/w' chunk 1.0")));
     EXPECT_THAT([&] { s.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("CRC-32C mismatch")));
     const VerifyReport r = verify(CheckpointItem::open(s.dir));
@@ -100,12 +100,12 @@ TEST(CheckpointBadInput, CorruptOcdbtValuesNameParameterAndChunk) {
     if (!x.is_inline && x.key.starts_with("enc.w/") && (!e || (x.file == e->file && x.offset > e->offset))) e = &x;
   }
   ASSERT_NE(e, nullptr);
-  fs::resize_file(db.data_file(*e), static_cast<std::uintmax_t>(e->offset + 5));
+  fs::resize_file(db.data_file(*e).local(), static_cast<std::uintmax_t>(e->offset + 5));
   EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("key '" + e->key + "'")));
   EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<ValueError>(HasSubstr("past the end")));
   EXPECT_FALSE(verify(CheckpointItem::open(t.dir)).faults.empty());
-  fs::remove(db.data_file(*e));
-  EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<IoError>(HasSubstr(db.data_file(*e).filename().string())));
+  fs::remove(db.data_file(*e).local());
+  EXPECT_THAT([&] { t.restore_it(); }, ThrowsMessage<IoError>(HasSubstr(db.data_file(*e).filename())));
 }
 
 TEST(CheckpointBadInput, TruncatedMissingAndOversizedChunks) {

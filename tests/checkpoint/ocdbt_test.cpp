@@ -187,7 +187,7 @@ TEST(Ocdbt, DamagedDatabasesAreNamed) {
     w.commit();
   }
   const auto db = OcdbtDatabase::open(dir);
-  const fs::path values = db.data_file(db.entries().back());
+  const fs::path values = db.data_file(db.entries().back()).local();
   fs::resize_file(values, 5000);
   EXPECT_THAT([&] { db.read_all(db.entries().back()); }, ::testing::ThrowsMessage<ValueError>(HasSubstr("truncated")));
   for (const auto& e : fs::directory_iterator(dir / "d")) {

@@ -1,6 +1,7 @@
 // Every option that takes a path refuses a URL on the command line, naming the option, and
 // nothing is written (the local folder `./s3:/bucket/run` once silently held a "bucket"'s
-// checkpoints); file:///path is taken as the path.
+// checkpoints); file:///path is taken as the path. A checkpoint to read may be in a bucket
+// (s3://, gs://): without credentials that is a one-line error naming what is missing.
 #include <fstream>
 
 #include <fmt/format.h>
@@ -15,7 +16,11 @@ namespace fs = std::filesystem;
 Result run_in(const fs::path& cwd, const std::string& args) {
   testing::TempDir dir;
   const std::string out = (dir.path() / "out").string(), err = (dir.path() / "err").string();
-  const std::string cmd = "cd " + cwd.string() + " && " + TESSEL_CLI + " " + args + " >" + out + " 2>" + err;
+  // No AWS credentials from this machine's environment or files.
+  const std::string cmd = "cd " + cwd.string() +
+                          " && env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_PROFILE "
+                          "AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_CONFIG_FILE=/nonexistent " +
+                          TESSEL_CLI + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::read_file(out), testing::read_file(err)};
 }
@@ -23,9 +28,10 @@ Result run_in(const fs::path& cwd, const std::string& args) {
 struct Case {
   std::string option;  // as the error names it
   std::string args;    // with {url} where the URL goes and {item}, {examples}, {maxtext} filled in
+  bool bucket = false;  // a checkpoint read: s3:// and gs:// are taken
 };
 
-TEST(PathCli, EveryPathOptionRefusesAUrlAndWritesNothing) {
+TEST(PathCli, EveryPathOptionRefusesAUrlOrTakesABucketAndWritesNothing) {
   testing::TempDir tmp;
   const fs::path item = tmp.path() / "item";
   ASSERT_EQ(std::system((std::string(TESSEL_CKPT_HELPER) + " item " + item.string() + " none").c_str()), 0);
@@ -42,22 +48,22 @@ TEST(PathCli, EveryPathOptionRefusesAUrlAndWritesNothing) {
       {"--rules", "plan --model {examples}/models/transformer.yml --rules {url} --mesh fsdp=2"},
       {"--base", "plan --model {model} --base {url} --devices 4"},
       {"--dump-shardings", "plan --model {model} --base {base} --devices 4 --dump-shardings {url}"},
-      {"dir", "ckpt info {url}"},
-      {"dir", "ckpt verify {url}"},
-      {"dir", "ckpt restore {url} --mesh data=2"},
+      {"dir", "ckpt info {url}", true},
+      {"dir", "ckpt verify {url}", true},
+      {"dir", "ckpt restore {url} --mesh data=2", true},
       {"--rules", "ckpt restore {item} --mesh data=2 --rules {url}"},
       {"--shardings", "ckpt restore {item} --mesh data=2 --shardings {url}"},
       {"--logical-axes", "ckpt restore {item} --mesh data=2 --logical-axes {url}"},
-      {"dir", "ckpt export {url} --path embedder/embedding --out x.npy"},
+      {"dir", "ckpt export {url} --path embedder/embedding --out x.npy", true},
       {"--out", "ckpt export {item} --path embedder/embedding --out {url}"},
-      {"dir", "ckpt reshard {url} out --mesh data=2"},
+      {"dir", "ckpt reshard {url} out --mesh data=2", true},
       {"dst", "ckpt reshard {item} {url} --mesh data=2"},
-      {"dir", "ckpt convert {url} out"},
+      {"dir", "ckpt convert {url} out", true},
       {"dst", "ckpt convert {item} {url}"},
       {"--map", "ckpt convert {item} out --map {url}"},
       {"--checkpoint-dir", "train --checkpoint-dir {url} --steps 4"},
       {"--data", "train --data {url} --steps 1"},
-      {"--init-from", "train --init-from {url} --steps 1"},
+      {"--init-from", "train --init-from {url} --steps 1", true},
       {"--metrics", "train --metrics {url} --steps 1"},
       {"--model", "train --model {url} --steps 1"},
       {"--base", "train --model {model} --base {url} --steps 1"},
@@ -74,8 +80,16 @@ TEST(PathCli, EveryPathOptionRefusesAUrlAndWritesNothing) {
     testing::TempDir cwd;
     SCOPED_TRACE(args);
     Result r = run_in(cwd.path(), args);
-    expect_one_line_error(r, 2, c.option + ": '" + url + "'");
-    EXPECT_THAT(r.err, HasSubstr("not supported yet"));
+    if (c.bucket && url.starts_with("s3://")) {
+      expect_one_line_error(r, 1, url + ": no AWS credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set");
+    } else if (c.bucket && url.starts_with("gs://")) {
+      expect_one_line_error(r, 1, "'" + url + "': gs:// buckets are not supported yet");
+    } else {
+      expect_one_line_error(r, 2, c.option + ": '" + url + "'");
+      const bool other_scheme = c.bucket && !url.starts_with("file://");
+      EXPECT_THAT(r.err, HasSubstr(other_scheme ? "checkpoints are local paths, file:///path, s3://bucket/key or gs://bucket/key"
+                                                : "not supported yet"));
+    }
     EXPECT_TRUE(fs::is_empty(cwd.path())) << "something was written in " << cwd.path();
   }
 }

@@ -1,6 +1,7 @@
 """Every Python function that takes a path refuses a URL before anything is written, naming the
 argument (an `s3://bucket/run` once became the local folder `./s3:/bucket/run`); file:///path is
-taken as the path."""
+taken as the path. A checkpoint to read may be in a bucket: without credentials that is an
+IoError naming what is missing (tests/python/test_s3.py reads from a local S3 server)."""
 import os
 
 import numpy as np
@@ -25,43 +26,55 @@ def item(tmp_path):
 
 
 def calls(item):
-    """(argument name, function of the URL) for every path argument of the package."""
+    """(argument name, function of the URL, whether it reads a checkpoint that may be in a bucket)
+    for every path argument of the package."""
     ckpt = tessel.checkpoint
     tree = {"w": np.zeros(4, np.float32)}
     return [
-        ("path", lambda u: ckpt.save(u, tree)),
-        ("path", lambda u: ckpt.save_safetensors(u, tree)),
-        ("path", lambda u: ckpt.restore(u)),
-        ("logical_axes", lambda u: ckpt.restore(item, mesh=tessel.Mesh({"data": 1}), logical_axes=u)),
-        ("src", lambda u: ckpt.convert(u, "out")),
-        ("dst", lambda u: ckpt.convert(item, u)),
-        ("rules", lambda u: ckpt.convert(item, "out", rules=u)),
-        ("map", lambda u: ckpt.convert(item, "out", map=u)),
-        ("root", lambda u: ckpt.steps(u)),
-        ("step_dir", lambda u: ckpt.items(u)),
-        ("path", lambda u: ckpt.info(u)),
-        ("path", lambda u: ckpt.verify(u)),
-        ("model", lambda u: tessel.load_model(u)),
-        ("model", lambda u: tessel.load_maxtext_model(u, BASE)),
-        ("base", lambda u: tessel.load_maxtext_model(MAXTEXT_MODEL, u)),
-        ("rules", lambda u: tessel.load_maxtext_model(MAXTEXT_MODEL, BASE, rules=u)),
-        ("rules", lambda u: tessel.load_rules(u)),
-        ("rules", lambda u: tessel.eval_shape(MODEL, tessel.Mesh({"data": 1}), u)),
+        ("path", lambda u: ckpt.save(u, tree), False),
+        ("path", lambda u: ckpt.save_safetensors(u, tree), False),
+        ("path", lambda u: ckpt.restore(u), True),
+        ("logical_axes", lambda u: ckpt.restore(item, mesh=tessel.Mesh({"data": 1}), logical_axes=u), False),
+        ("src", lambda u: ckpt.convert(u, "out"), True),
+        ("dst", lambda u: ckpt.convert(item, u), False),
+        ("rules", lambda u: ckpt.convert(item, "out", rules=u), False),
+        ("map", lambda u: ckpt.convert(item, "out", map=u), False),
+        ("root", lambda u: ckpt.steps(u), True),
+        ("step_dir", lambda u: ckpt.items(u), True),
+        ("path", lambda u: ckpt.info(u), True),
+        ("path", lambda u: ckpt.verify(u), True),
+        ("model", lambda u: tessel.load_model(u), False),
+        ("model", lambda u: tessel.load_maxtext_model(u, BASE), False),
+        ("base", lambda u: tessel.load_maxtext_model(MAXTEXT_MODEL, u), False),
+        ("rules", lambda u: tessel.load_maxtext_model(MAXTEXT_MODEL, BASE, rules=u), False),
+        ("rules", lambda u: tessel.load_rules(u), False),
+        ("rules", lambda u: tessel.eval_shape(MODEL, tessel.Mesh({"data": 1}), u), False),
     ]
 
 
-def test_every_path_argument_refuses_a_url_and_writes_nothing(item, tmp_path, monkeypatch):
+def test_every_path_argument_refuses_a_url_or_takes_a_bucket_and_writes_nothing(item, tmp_path, monkeypatch):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    for i, (name, call) in enumerate(calls(item)):
-        url = URLS[i % len(URLS)]
-        with pytest.raises(tessel.ArgumentError) as e:
-            call(url)
-        message = str(e.value)
-        assert message.startswith(f"{name}: '{url}'"), (name, message)
-        assert "not supported yet" in message, message
-        assert os.listdir(cwd) == [], f"{name}={url} wrote {os.listdir(cwd)}"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    for i, (name, call, bucket) in enumerate(calls(item)):
+        for url in (URLS[i % len(URLS)], URLS[(i + 1) % len(URLS)]):
+            if bucket and url.startswith(("s3://", "gs://")):
+                with pytest.raises(tessel.IoError) as e:
+                    call(url)
+                expected = "no AWS credentials" if url.startswith("s3://") else "gs:// buckets are not supported yet"
+                assert url in str(e.value) and expected in str(e.value), (name, str(e.value))
+            else:
+                with pytest.raises(tessel.ArgumentError) as e:
+                    call(url)
+                message = str(e.value)
+                assert message.startswith(f"{name}: '{url}'"), (name, message)
+                other = bucket and not url.startswith("file://")
+                assert ("checkpoints are local paths" if other else "not supported yet") in message, message
+            assert os.listdir(cwd) == [], f"{name}={url} wrote {os.listdir(cwd)}"
 
 
 def test_a_file_url_is_the_local_path(tmp_path):

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/store/chunks.h"
 #include "tessel/checkpoint/detail/store/kvstore.h"
 #include "tessel/checkpoint/detail/store/ocdbt.h"
@@ -50,26 +51,25 @@ ItemMetadata safetensors_metadata(const detail::SafetensorsSet& set) {
 }
 
 // The keys of the arrays' zarr metadata below a plain-files item: `<name>/.zarray`, `<name>/zarr.json`.
-std::vector<std::string> array_keys_in_files(const fs::path& dir) {
+std::vector<std::string> array_keys_in_files(const Location& dir) {
   std::vector<std::string> keys;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (!e.is_directory() || e.is_symlink()) continue;
-    const std::string name = e.path().filename().string();
+  if (!detail::is_directory(dir)) return keys;
+  for (const auto& e : detail::list_directory(dir)) {
+    if (!e.is_directory) continue;
     for (const char* f : {".zarray", "zarr.json"}) {
-      if (fs::exists(e.path() / f)) keys.push_back(name + "/" + f);
+      if (detail::is_file(dir / e.name / f)) keys.push_back(e.name + "/" + f);
     }
   }
   return keys;
 }
 
 // `_METADATA` (or, for an item that lost it, the tree its arrays' names give) and `_sharding`.
-ItemMetadata orbax_metadata(const fs::path& dir, const detail::KvStore& store) {
-  const fs::path meta = dir / "_METADATA";
+ItemMetadata orbax_metadata(const Location& dir, const detail::KvStore& store) {
+  const Location meta = dir / "_METADATA";
   const bool ocdbt = store.is_ocdbt();
-  std::string sharding;
-  if (fs::exists(dir / "_sharding")) sharding = detail::read_file(dir / "_sharding", kMaxMetadataBytes);
-  if (!fs::exists(meta)) {
+  const std::string sharding = detail::read_small(dir / "_sharding", kMaxMetadataBytes).value_or("");
+  const std::optional<std::string> meta_text = detail::read_small(meta, kMaxMetadataBytes);
+  if (!meta_text) {
     // Orbax can restore such an item when it is told the tree; tessel rebuilds the tree from the
     // arrays' names (each '.' a level, as Orbax joins them).
     std::vector<std::string> keys;
@@ -82,7 +82,7 @@ ItemMetadata orbax_metadata(const fs::path& dir, const detail::KvStore& store) {
     if (text.empty()) throw IoError("'" + dir.string() + "' has no _METADATA: it is not an Orbax PyTree checkpoint item");
     return parse_item_metadata(text, sharding, (dir / "(array names)").string());
   }
-  ItemMetadata item = parse_item_metadata(detail::read_file(meta, kMaxMetadataBytes), sharding, meta.string());
+  ItemMetadata item = parse_item_metadata(*meta_text, sharding, meta.string());
   // Orbax decides by the manifest, as tessel does; a _METADATA that promises one is the one
   // critical file gone missing.
   if (item.use_ocdbt && !ocdbt) {
@@ -97,10 +97,10 @@ std::string key_prefix(const ParamMetadata& p) { return p.name.empty() ? std::st
 
 // A leaf's zarr metadata: `.zarray` or `zarr.json` (the one _METADATA announces first); a
 // safetensors tensor's is implied by its header.
-detail::ZarrArray open_zarr(const detail::KvStore& store, const fs::path& dir, const ItemMetadata& item,
-                            const ParamMetadata& p) {
+detail::ZarrArray open_zarr(const detail::KvStore& store, const Location& dir, const ItemMetadata& item,
+                            const ParamMetadata& p, bool has_aggregate) {
   if (item.format == StorageFormat::kSafetensors) return detail::ZarrArray::one_chunk(*p.write_shape, *p.dtype);
-  if (!store.is_ocdbt()) detail::reject_symlink(detail::child_path(dir, p.name, "parameter name"));
+  if (!store.is_ocdbt() && dir.is_local()) detail::reject_symlink(detail::child_path(dir.local(), p.name, "parameter name"));
   const std::string prefix = key_prefix(p);
   std::string key;
   std::optional<std::string> text;
@@ -112,7 +112,7 @@ detail::ZarrArray open_zarr(const detail::KvStore& store, const fs::path& dir, c
     }
   }
   if (!text) {
-    if (p.skip_deserialize || fs::exists(dir / "checkpoint")) {
+    if (p.skip_deserialize || has_aggregate) {
       throw ValueError("'" + p.path + "' is not stored as a zarr array in '" + dir.string() +
                        "' (an Orbax aggregate msgpack value, which tessel does not read); restore the other "
                        "leaves with partial");
@@ -131,7 +131,7 @@ detail::ZarrArray open_zarr(const detail::KvStore& store, const fs::path& dir, c
 }  // namespace
 
 struct CheckpointItem::Impl {
-  fs::path dir;
+  Location dir;
   ItemMetadata meta;
   detail::KvStore store;
   // Per entry of meta.params: its zarr array, or what opening it threw (an empty node has neither).
@@ -145,26 +145,27 @@ struct CheckpointItem::Impl {
   }
 };
 
-CheckpointItem CheckpointItem::open(const fs::path& item_dir) {
+CheckpointItem CheckpointItem::open(const Location& item_dir) {
   auto impl = std::make_shared<Impl>();
-  impl->dir = local_path(item_dir.string(), "checkpoint item");
-  const fs::path& dir = impl->dir;
+  impl->dir = item_dir;
+  const Location& dir = impl->dir;
   if (detail::is_safetensors(dir)) {
     const detail::SafetensorsSet set = detail::open_safetensors(dir);
     impl->meta = safetensors_metadata(set);
     impl->store = detail::KvStore::safetensors(set);
   } else {
-    impl->store = fs::exists(fs::symlink_status(dir / "manifest.ocdbt")) ? detail::KvStore::ocdbt(dir)
-                                                                         : detail::KvStore::files(dir);
+    impl->store = detail::is_file(dir / "manifest.ocdbt") ? detail::KvStore::ocdbt(dir) : detail::KvStore::files(dir);
     impl->meta = orbax_metadata(dir, impl->store);
   }
   const std::vector<ParamMetadata>& params = impl->meta.params;
+  // Orbax's aggregate file of values not stored as arrays (old checkpoints).
+  const bool has_aggregate = impl->meta.format != StorageFormat::kSafetensors && detail::is_file(dir / "checkpoint");
   impl->arrays.resize(params.size());
   impl->errors.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     if (is_empty_node(params[i].value_type) && params[i].skip_deserialize) continue;
     try {
-      impl->arrays[i] = open_zarr(impl->store, dir, impl->meta, params[i]);
+      impl->arrays[i] = open_zarr(impl->store, dir, impl->meta, params[i], has_aggregate);
     } catch (const Error&) {
       impl->errors[i] = std::current_exception();
     }
@@ -174,12 +175,12 @@ CheckpointItem CheckpointItem::open(const fs::path& item_dir) {
   return item;
 }
 
-CheckpointItem CheckpointItem::find(const fs::path& path, std::optional<int64_t> step,
+CheckpointItem CheckpointItem::find(const Location& path, std::optional<int64_t> step,
                                     const std::optional<std::string>& item) {
   return open(find_item_dir(path, step, item));
 }
 
-const fs::path& CheckpointItem::dir() const { return impl_->dir; }
+const Location& CheckpointItem::dir() const { return impl_->dir; }
 const ItemMetadata& CheckpointItem::metadata() const { return impl_->meta; }
 const detail::KvStore& CheckpointItem::store() const { return impl_->store; }
 
@@ -231,6 +232,6 @@ std::vector<SavedArrayInfo> CheckpointItem::describe() const {
   return out;
 }
 
-ItemMetadata read_item_metadata(const fs::path& item_dir) { return CheckpointItem::open(item_dir).metadata(); }
+ItemMetadata read_item_metadata(const Location& item_dir) { return CheckpointItem::open(item_dir).metadata(); }
 
 }  // namespace tessel

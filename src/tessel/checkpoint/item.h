@@ -2,7 +2,7 @@
 // database or in files) or a safetensors file or set. Opening detects the format, reads the
 // metadata, opens the key-value store and parses every saved array's zarr metadata; restore,
 // verify, describe, targets, convert and the Python package all take the opened item, so none of
-// it is read twice.
+// it is read twice. The item may be local or in a bucket (s3://bucket/prefix).
 //
 //   auto item = tessel::CheckpointItem::find("ckpt", std::nullopt, "items");  // latest step's 'items'
 //   std::cout << item.dir() << " (" << item.storage() << ")\n";
@@ -20,6 +20,7 @@
 
 #include "tessel/checkpoint/codec.h"
 #include "tessel/checkpoint/metadata.h"
+#include "tessel/core/location.h"
 #include "tessel/state/state.h"
 
 namespace tessel {
@@ -45,13 +46,13 @@ class CheckpointItem {
  public:
   // The item in `item_dir` itself. Throws IoError / ParseError / ValueError naming the file for
   // a directory that is no item, or metadata that cannot be read.
-  static CheckpointItem open(const std::filesystem::path& item_dir);
+  static CheckpointItem open(const Location& item_dir);
   // The item `path` names, as find_item_dir (items.h) finds it: an item, a step's item `item` (or
   // its only PyTree item), or a directory of steps' step `step` (else the latest).
-  static CheckpointItem find(const std::filesystem::path& path, std::optional<int64_t> step = std::nullopt,
+  static CheckpointItem find(const Location& path, std::optional<int64_t> step = std::nullopt,
                              const std::optional<std::string>& item = std::nullopt);
 
-  const std::filesystem::path& dir() const;
+  const Location& dir() const;
   const ItemMetadata& metadata() const;
   StorageFormat format() const { return metadata().format; }
   // How the arrays are stored: "OCDBT, zarr v2", "files, zarr3", "safetensors".
@@ -77,6 +78,6 @@ class CheckpointItem {
 };
 
 // CheckpointItem::open(item_dir).metadata().
-ItemMetadata read_item_metadata(const std::filesystem::path& item_dir);
+ItemMetadata read_item_metadata(const Location& item_dir);
 
 }  // namespace tessel

@@ -4,16 +4,13 @@
 #include <charconv>
 #include <map>
 
-#include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/core/error.h"
-#include "tessel/core/path.h"
 #include "tessel/detail/json_util.h"
 
 namespace tessel {
-namespace fs = std::filesystem;
-
 namespace {
 
 constexpr int64_t kMaxCheckpointMetadataBytes = int64_t{16} << 20;
@@ -27,18 +24,11 @@ std::optional<int64_t> parse_step(const std::string& name) {
   return step;
 }
 
-// The last component of a path, with or without a trailing '/'.
-std::string last_name(const fs::path& p) {
-  const fs::path n = p.lexically_normal();
-  return (n.has_filename() ? n.filename() : n.parent_path().filename()).string();
-}
-
-bool is_plain_dir(const fs::directory_entry& e) { return e.is_directory() && !e.is_symlink(); }
-
-std::map<std::string, std::string> item_handlers(const fs::path& step_dir) {
-  const fs::path file = step_dir / detail::kCheckpointMetadata;
-  if (!fs::exists(fs::symlink_status(file))) return {};
-  return parse_item_handlers(detail::read_file(file, kMaxCheckpointMetadataBytes), file.string());
+std::map<std::string, std::string> item_handlers(const Location& step_dir) {
+  const Location file = step_dir / detail::kCheckpointMetadata;
+  const std::optional<std::string> text = detail::read_small(file, kMaxCheckpointMetadataBytes);
+  if (!text) return {};
+  return parse_item_handlers(*text, file.string());
 }
 
 std::string names_of(const std::vector<ItemInfo>& items, bool arrays_only) {
@@ -52,7 +42,7 @@ std::string names_of(const std::vector<ItemInfo>& items, bool arrays_only) {
 
 // The PyTree item of a step directory: `item` when given, else the only one. A step saved as a
 // bare item (StandardCheckpointer.save("ckpt/7")) is its own item.
-fs::path choose_item(const fs::path& step_dir, const std::optional<std::string>& item) {
+Location choose_item(const Location& step_dir, const std::optional<std::string>& item) {
   if (is_item_dir(step_dir)) {
     if (item) throw ValueError("--item: step '" + step_dir.string() + "' is a single item, not a directory of items");
     return step_dir;
@@ -97,73 +87,67 @@ std::map<std::string, std::string> parse_item_handlers(std::string_view text, st
   return out;
 }
 
-std::vector<int64_t> list_steps(const fs::path& root) {
+std::vector<int64_t> list_steps(const Location& root) {
   std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (!is_plain_dir(entry)) continue;
-    if (auto step = parse_step(entry.path().filename().string())) steps.push_back(*step);
+  for (const auto& entry : detail::list_directory(root)) {
+    if (!entry.is_directory) continue;
+    if (auto step = parse_step(entry.name)) steps.push_back(*step);
   }
-  if (ec) throw IoError("cannot list '" + root.string() + "': " + ec.message());
   std::sort(steps.begin(), steps.end());
   return steps;
 }
 
-bool is_item_dir(const fs::path& dir) {
-  for (const char* marker : {"_METADATA", "_sharding", "manifest.ocdbt"}) {
-    if (fs::exists(fs::symlink_status(dir / marker))) return true;
+bool is_item_dir(const Location& dir) {
+  const std::vector<detail::StorageEntry> entries = detail::list_directory(dir);
+  for (const auto& e : entries) {
+    if (!e.is_directory && (e.name == "_METADATA" || e.name == "_sharding" || e.name == "manifest.ocdbt")) return true;
   }
   // An item that lost its _METADATA: its arrays are still zarr directories.
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (!is_plain_dir(e)) continue;
+  for (const auto& e : entries) {
+    if (!e.is_directory) continue;
     for (const char* f : {".zarray", "zarr.json"}) {
-      if (fs::exists(fs::symlink_status(e.path() / f))) return true;
+      if (detail::is_file(dir / e.name / f)) return true;
     }
   }
   return false;
 }
 
-std::vector<ItemInfo> list_items(const fs::path& step_dir) {
+std::vector<ItemInfo> list_items(const Location& step_dir) {
   const std::map<std::string, std::string> handlers = item_handlers(step_dir);
   std::vector<ItemInfo> items;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(step_dir, ec)) {
-    if (!is_plain_dir(e)) continue;
-    const std::string name = e.path().filename().string();
+  for (const auto& e : detail::list_directory(step_dir)) {
+    if (!e.is_directory) continue;
+    const std::string& name = e.name;
     if (name.ends_with(detail::kTmpSuffix)) continue;  // an unfinished save
     auto h = handlers.find(name);
-    const bool arrays = is_item_dir(e.path());
-    if (h == handlers.end() && !arrays && !fs::exists(fs::symlink_status(e.path() / "metadata"))) continue;
+    const bool arrays = is_item_dir(step_dir / name);
+    if (h == handlers.end() && !arrays && !detail::is_file(step_dir / name / "metadata")) continue;
     items.push_back({name, h == handlers.end() ? "" : h->second, arrays});
   }
-  if (ec) throw IoError("cannot list '" + step_dir.string() + "': " + ec.message());
   std::sort(items.begin(), items.end(), [](const ItemInfo& a, const ItemInfo& b) { return a.name < b.name; });
   return items;
 }
 
-fs::path find_item_dir(const fs::path& given, std::optional<int64_t> step, const std::optional<std::string>& item) {
-  const fs::path path = local_path(given.string(), "checkpoint");
+Location find_item_dir(const Location& path, std::optional<int64_t> step, const std::optional<std::string>& item) {
   if (detail::is_safetensors(path)) {
     if (step || item) throw ValueError("--step and --item are for Orbax checkpoints; '" + path.string() + "' is safetensors");
     return path;
   }
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw IoError("'" + path.string() + "' does not exist");
-  if (!fs::is_directory(path)) {
+  if (!detail::is_directory(path)) {
+    if (!detail::is_file(path)) throw IoError("'" + path.string() + "' does not exist");
     throw IoError("'" + path.string() + "' is neither a checkpoint directory nor a .safetensors file or index");
   }
   if (is_item_dir(path)) {
     if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single checkpoint item");
     // The item itself, named as its step names it (run/checkpoints/4/items with --item items).
-    if (item && last_name(path) != *item) {
+    if (item && path.filename() != *item) {
       throw ValueError("--item is for a step directory; '" + path.string() + "' is a single checkpoint item");
     }
     return path;
   }
   const std::vector<int64_t> steps = list_steps(path);
   if (steps.empty()) {
-    if (fs::exists(fs::symlink_status(path / detail::kCheckpointMetadata)) || !list_items(path).empty()) {
+    if (detail::is_file(path / detail::kCheckpointMetadata) || !list_items(path).empty()) {
       if (step) throw ValueError("--step is for a directory of steps; '" + path.string() + "' is a single step");
       return choose_item(path, item);
     }

@@ -52,7 +52,7 @@ std::vector<std::string> missing_axes(const PartitionSpec& spec, const Mesh& mes
 // A file of targets may cover more than the item (a whole TrainState's dump for its params), but
 // one that names none of its leaves is for another tree: an error showing both sides' paths.
 template <class Map>
-void check_given(const Map& given, const State& saved, std::string_view what, const std::filesystem::path& item_dir) {
+void check_given(const Map& given, const State& saved, std::string_view what, const Location& item_dir) {
   if (given.empty()) return;
   for (const auto& [path, value] : given)
     if (saved.contains(path)) return;

@@ -13,11 +13,12 @@
 #include <string>
 #include <string_view>
 
+#include "tessel/checkpoint/detail/io/byte_source.h"
 #include "tessel/runtime/detail/allocation.h"
 
 namespace tessel::detail {
 
-class File {
+class File final : public ByteSource {
  public:
   // A regular file, read-only. Throws IoError if it is missing, a symlink or not a regular file.
   static File open_read(const std::filesystem::path& path);
@@ -30,35 +31,36 @@ class File {
   File& operator=(File&& other) noexcept;
   File(const File&) = delete;
   File& operator=(const File&) = delete;
-  ~File();
+  ~File() override;
 
   const std::filesystem::path& path() const { return path_; }
-  int64_t size() const;
+  int64_t size() const override;
+  std::string where() const override { return path_.string(); }
   // Exactly out.size() bytes at `offset`; a short file is an IoError ("truncated").
-  void read_exact(int64_t offset, std::span<std::byte> out) const;
+  void read_exact(int64_t offset, std::span<std::byte> out) const override;
   // One contiguous file range into several buffers (preadv), exactly their total size.
-  void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
+  void read_scatter(int64_t offset, std::span<const iovec> buffers) const override;
   // Asks the kernel to start reading [offset, offset + size) into the page cache and returns
   // without waiting (posix_fadvise WILLNEED): a reader hints its next range so the disk always has
   // requests queued. A hint only: failures are ignored.
-  void will_need(int64_t offset, int64_t size) const noexcept;
+  void will_need(int64_t offset, int64_t size) const noexcept override;
   // [offset, offset + size) mapped private and writable (copy-on-write), its pages not yet read
   // in; nullopt where it cannot be: an offset not 64-byte aligned (a Buffer's alignment), a range
   // past the file's end, or a system that refuses. For restore, where the bytes of a chunk already
   // are a device's block: the page cache's pages become the block, with no copy and no fresh memory.
-  std::optional<MappedBytes> map(int64_t offset, int64_t size) const;
+  std::optional<MappedBytes> map(int64_t offset, int64_t size) const override;
   // Reads [offset, offset + size) into the page cache and returns once it is there: sequential
   // read()s of 128 KiB into a small scratch buffer, the bytes discarded. For a mapped restore of
   // bytes not yet cached: the kernel's readahead for read() keeps more of the disk busy than the
   // page faults of MADV_POPULATE_READ after MADV_WILLNEED (16 MiB chunk files, 4 threads, 6 cold
   // rounds: median 1.67 GB/s against 1.36). A hint only: errors and a short file end it quietly,
   // populate() reports them.
-  void read_into_cache(int64_t offset, int64_t size) const noexcept;
+  void read_into_cache(int64_t offset, int64_t size) const noexcept override;
   // The same, placed at `at`: a page boundary inside a range from reserve_mapping that the caller
   // owns (MAP_FIXED replaces what is there), so that the chunks of one block lie side by side.
   // false where it cannot be: an offset not on a page boundary, a range past the file's end, or a
   // system that refuses.
-  bool map_into(std::byte* at, int64_t offset, int64_t size) const;
+  bool map_into(std::byte* at, int64_t offset, int64_t size) const override;
   void write_all(std::span<const std::byte> data);
   // All of `data` at `offset` (pwrite): threads may write disjoint ranges of one file at once.
   // After enable_direct_writes, a large part on the file system's direct-I/O alignment goes

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/core/error.h"
@@ -10,7 +12,7 @@
 namespace tessel::detail {
 namespace fs = std::filesystem;
 
-StoredValue::StoredValue(std::shared_ptr<const File> file, int64_t offset, int64_t size, std::string where)
+StoredValue::StoredValue(std::shared_ptr<const ByteSource> file, int64_t offset, int64_t size, std::string where)
     : file_(std::move(file)), offset_(offset), size_(size), where_(std::move(where)) {}
 
 StoredValue::StoredValue(std::shared_ptr<const std::string> bytes, std::string where)
@@ -58,24 +60,35 @@ StoredValue StoredValue::slice(int64_t offset, int64_t size, std::string where) 
   return v;
 }
 
-KvStore KvStore::files(const fs::path& dir) {
+KvStore KvStore::files(const Location& dir) {
   KvStore s;
   s.dir_ = dir;
   return s;
 }
 
-KvStore KvStore::ocdbt(const fs::path& dir) {
+KvStore KvStore::ocdbt(const Location& dir) {
   KvStore s;
   s.dir_ = dir;
   s.db_ = std::make_shared<const OcdbtDatabase>(OcdbtDatabase::open(dir));
+  s.open_files_ = std::make_shared<OpenFiles>();
   return s;
+}
+
+std::shared_ptr<const ByteSource> KvStore::data_file(const OcdbtEntry& e) const {
+  {
+    std::lock_guard lock(open_files_->mu);
+    if (auto it = open_files_->by_name.find(e.file); it != open_files_->by_name.end()) return it->second;
+  }
+  auto file = open_source(db_->data_file(e));  // outside the lock: a bucket answers slowly
+  std::lock_guard lock(open_files_->mu);
+  return open_files_->by_name.emplace(e.file, std::move(file)).first->second;
 }
 
 KvStore KvStore::safetensors(const SafetensorsSet& set) {
   KvStore s;
   s.dir_ = set.source;
-  std::vector<std::shared_ptr<const File>> files;
-  for (const fs::path& f : set.files) files.push_back(std::make_shared<const File>(File::open_read(f)));
+  std::vector<std::shared_ptr<const ByteSource>> files;
+  for (const Location& f : set.files) files.push_back(open_source(f));
   auto tensors = std::make_shared<std::map<std::string, StoredValue, std::less<>>>();
   for (const SafetensorsTensor& t : set.tensors) {
     // Each tensor is the single chunk of an array; its key is that chunk's.
@@ -94,7 +107,7 @@ std::string KvStore::describe(std::string_view key) const {
     return it != tensors_->end() ? it->second.where() : "key '" + std::string(key) + "' of " + dir_.string();
   }
   if (db_) return "key '" + std::string(key) + "' of the OCDBT database in " + dir_.string();
-  return (dir_ / std::string(key)).string();
+  return dir_.is_local() ? (dir_.local() / std::string(key)).string() : dir_.string() + "/" + std::string(key);
 }
 
 std::optional<StoredValue> KvStore::get(std::string_view key) const {
@@ -110,20 +123,18 @@ std::optional<StoredValue> KvStore::get(std::string_view key) const {
       return StoredValue(std::shared_ptr<const std::string>(db_, &e->value), describe(key));
     }
     if (e->length == 0) return StoredValue(std::make_shared<const std::string>(), describe(key));
-    const fs::path path = db_->data_file(*e);
-    auto file = std::make_shared<const File>(File::open_read(path));
+    auto file = data_file(*e);
     if (e->offset > static_cast<uint64_t>(file->size()) || e->length > static_cast<uint64_t>(file->size()) - e->offset) {
       throw ValueError(describe(key) + ": its bytes [" + std::to_string(e->offset) + ", " +
-                       std::to_string(e->offset + e->length) + ") lie past the end of " + file->path().string() + " (" +
+                       std::to_string(e->offset + e->length) + ") lie past the end of " + file->where() + " (" +
                        std::to_string(file->size()) + " bytes)");
     }
-    return StoredValue(std::move(file), static_cast<int64_t>(e->offset), static_cast<int64_t>(e->length),
-                       describe(key) + " (" + path.string() + ")");
+    const std::string where = describe(key) + " (" + file->where() + ")";
+    return StoredValue(std::move(file), static_cast<int64_t>(e->offset), static_cast<int64_t>(e->length), where);
   }
-  const fs::path f = nested_path(dir_, key, "key '" + std::string(key) + "'");
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(f, ec))) return std::nullopt;
-  auto file = std::make_shared<const File>(File::open_read(f));
+  const Location f = nested_location(dir_, key, "key '" + std::string(key) + "'");
+  auto file = open_if_exists(f);
+  if (!file) return std::nullopt;
   const int64_t size = file->size();
   return StoredValue(std::move(file), 0, size, f.string());
 }

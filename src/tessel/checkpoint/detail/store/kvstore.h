@@ -11,21 +11,24 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
-#include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/byte_source.h"
 #include "tessel/checkpoint/detail/store/ocdbt.h"
 #include "tessel/checkpoint/detail/store/safetensors_file.h"
+#include "tessel/core/location.h"
 
 namespace tessel::detail {
 
-// The bytes of one stored value: a range of a file, or bytes held in memory (an inline value).
+// The bytes of one stored value: a range of a file or object, or bytes held in memory (an inline
+// value).
 class StoredValue {
  public:
-  StoredValue(std::shared_ptr<const File> file, int64_t offset, int64_t size, std::string where);
+  StoredValue(std::shared_ptr<const ByteSource> file, int64_t offset, int64_t size, std::string where);
   StoredValue(std::shared_ptr<const std::string> bytes, std::string where);
 
   int64_t size() const { return size_; }
@@ -49,7 +52,7 @@ class StoredValue {
   StoredValue slice(int64_t offset, int64_t size, std::string where) const;
 
  private:
-  std::shared_ptr<const File> file_;
+  std::shared_ptr<const ByteSource> file_;
   std::shared_ptr<const std::string> bytes_;
   int64_t offset_ = 0;
   int64_t size_ = 0;
@@ -58,10 +61,10 @@ class StoredValue {
 
 class KvStore {
  public:
-  // The files below `dir`.
-  static KvStore files(const std::filesystem::path& dir);
+  // The files (or objects) below `dir`.
+  static KvStore files(const Location& dir);
   // The OCDBT database in `dir` (its latest version).
-  static KvStore ocdbt(const std::filesystem::path& dir);
+  static KvStore ocdbt(const Location& dir);
   // The tensors of an opened safetensors file or set, each under its one chunk's key
   // (`<name>/0.0`), its files opened once.
   static KvStore safetensors(const SafetensorsSet& set);
@@ -76,8 +79,16 @@ class KvStore {
   std::string describe(std::string_view key) const;
 
  private:
-  std::filesystem::path dir_;
+  // The database's data files, each opened once (for an object, its size asked once).
+  struct OpenFiles {
+    std::mutex mu;
+    std::map<std::string, std::shared_ptr<const ByteSource>, std::less<>> by_name;
+  };
+  std::shared_ptr<const ByteSource> data_file(const OcdbtEntry& e) const;
+
+  Location dir_;
   std::shared_ptr<const OcdbtDatabase> db_;
+  std::shared_ptr<OpenFiles> open_files_;
   std::shared_ptr<const std::map<std::string, StoredValue, std::less<>>> tensors_;  // safetensors
 };
 

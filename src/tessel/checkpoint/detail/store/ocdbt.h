@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tessel/core/location.h"
+
 namespace tessel::detail {
 
 struct OcdbtConfig {
@@ -63,9 +65,9 @@ class OcdbtDatabase {
   // Reads the manifest and walks the tree of the latest version (or of `generation`), keeping
   // every key and its value's location; values out of line are read on demand. Throws IoError
   // for a missing or unreadable file and ValueError naming the file and what is wrong with it.
-  static OcdbtDatabase open(const std::filesystem::path& dir, std::optional<uint64_t> generation = std::nullopt);
+  static OcdbtDatabase open(const Location& dir, std::optional<uint64_t> generation = std::nullopt);
 
-  const std::filesystem::path& dir() const { return dir_; }
+  const Location& dir() const { return dir_; }
   const OcdbtConfig& config() const { return config_; }
   const OcdbtVersion& version() const { return version_; }
   // Every generation the manifest lists inline, oldest first (older ones sit in version nodes).
@@ -74,12 +76,12 @@ class OcdbtDatabase {
 
   const OcdbtEntry* find(std::string_view key) const;  // nullptr if absent
   // The data file's path, checked to stay inside dir() (no "..", no symlinked directories).
-  std::filesystem::path data_file(const OcdbtEntry& entry) const;
+  Location data_file(const OcdbtEntry& entry) const;
   // The whole value; throws IoError for a data file too short for it.
   std::string read_all(const OcdbtEntry& entry) const;
 
  private:
-  std::filesystem::path dir_;
+  Location dir_;
   OcdbtConfig config_;
   OcdbtVersion version_;
   std::vector<OcdbtVersion> inline_versions_;

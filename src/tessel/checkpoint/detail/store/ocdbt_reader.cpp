@@ -14,6 +14,7 @@
 
 #include "tessel/checkpoint/detail/io/crc32c.h"
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/store/ocdbt_format.h"
 #include "tessel/core/error.h"
 
@@ -351,43 +352,41 @@ OcdbtNode decode_ocdbt_node(std::span<const std::byte> blob, std::string_view ba
 namespace {
 
 // `relative` (a path read from the database) inside `dir`.
-fs::path resolve(const fs::path& dir, std::string_view relative, std::string_view what) {
+Location resolve(const Location& dir, std::string_view relative, std::string_view what) {
   if (relative.empty()) throw ValueError(std::string(what) + ": an empty data file path");
-  return detail::nested_path(dir, relative, std::string(what) + " data file path '" + std::string(relative) + "'");
+  return detail::nested_location(dir, relative, std::string(what) + " data file path '" + std::string(relative) + "'");
 }
 
-std::vector<std::byte> read_range(const fs::path& dir, const std::string& file, uint64_t offset, uint64_t length,
+std::vector<std::byte> read_range(const Location& dir, const std::string& file, uint64_t offset, uint64_t length,
                                   uint64_t max_length, const std::string& what) {
   if (length > max_length) {
     throw ValueError(what + ": " + std::to_string(length) + " bytes at " + file + ", more than the limit of " +
                      std::to_string(max_length));
   }
-  const detail::File f = detail::File::open_read(resolve(dir, file, what));
-  if (offset > static_cast<uint64_t>(f.size()) || length > static_cast<uint64_t>(f.size()) - offset) {
+  const auto f = detail::open_source(resolve(dir, file, what));
+  if (offset > static_cast<uint64_t>(f->size()) || length > static_cast<uint64_t>(f->size()) - offset) {
     throw ValueError(what + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") of " +
-                     file + ", which has " + std::to_string(f.size()) + " (truncated or wrongly referenced)");
+                     file + ", which has " + std::to_string(f->size()) + " (truncated or wrongly referenced)");
   }
   std::vector<std::byte> out(static_cast<size_t>(length));
-  f.read_exact(static_cast<int64_t>(offset), out);
+  f->read_exact(static_cast<int64_t>(offset), out);
   return out;
 }
 
-std::string describe(const fs::path& dir, const std::string& file, uint64_t offset) {
+std::string describe(const Location& dir, const std::string& file, uint64_t offset) {
   return (dir / file).string() + " at " + std::to_string(offset);
 }
 
 // Numbered manifests: the newest `manifest.<016x>` beside the config-only `manifest.ocdbt`.
-fs::path newest_numbered_manifest(const fs::path& dir) {
+Location newest_numbered_manifest(const Location& dir) {
   std::string best;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() == 9 + 16 && name.starts_with("manifest.") &&
+  for (const auto& e : detail::list_directory(dir)) {
+    const std::string& name = e.name;
+    if (!e.is_directory && name.size() == 9 + 16 && name.starts_with("manifest.") &&
         name.find_first_not_of("0123456789abcdef", 9) == std::string::npos && name > best) {
       best = name;
     }
   }
-  if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message());
   if (best.empty()) {
     throw ValueError((dir / "manifest.ocdbt").string() + " is a numbered manifest, but there is no manifest.<generation> beside it");
   }
@@ -395,7 +394,7 @@ fs::path newest_numbered_manifest(const fs::path& dir) {
 }
 
 // Finds `generation` below the manifest's version nodes.
-OcdbtVersion find_in_version_nodes(const fs::path& dir, const OcdbtManifest& m, uint64_t generation) {
+OcdbtVersion find_in_version_nodes(const Location& dir, const OcdbtManifest& m, uint64_t generation) {
   std::vector<OcdbtManifest::VersionNode> level = m.version_nodes;
   int expected_height = -1;
   for (int depth = 0; depth < 64; ++depth) {
@@ -430,7 +429,7 @@ OcdbtVersion find_in_version_nodes(const fs::path& dir, const OcdbtManifest& m, 
 }
 
 struct Walk {
-  const fs::path& dir;
+  const Location& dir;
   uint64_t max_node_bytes;
   std::vector<OcdbtEntry>& out;
   uint64_t keys_limit;
@@ -463,12 +462,14 @@ struct Walk {
 
 }  // namespace
 
-OcdbtDatabase OcdbtDatabase::open(const fs::path& dir, std::optional<uint64_t> generation) {
+OcdbtDatabase OcdbtDatabase::open(const Location& dir, std::optional<uint64_t> generation) {
   OcdbtDatabase db;
   db.dir_ = dir;
-  fs::path manifest_path = dir / "manifest.ocdbt";
-  auto blob_of = [](const fs::path& p) {
-    const std::string text = detail::read_file(p, static_cast<int64_t>(kMaxManifestBytes));
+  Location manifest_path = dir / "manifest.ocdbt";
+  auto blob_of = [](const Location& p) {
+    const std::optional<std::string> found = detail::read_small(p, static_cast<int64_t>(kMaxManifestBytes));
+    if (!found) throw IoError("'" + p.string() + "' does not exist");
+    const std::string& text = *found;
     return std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
                                   reinterpret_cast<const std::byte*>(text.data()) + text.size());
   };
@@ -506,7 +507,7 @@ const OcdbtEntry* OcdbtDatabase::find(std::string_view key) const {
   return it != entries_.end() && it->key == key ? &*it : nullptr;
 }
 
-fs::path OcdbtDatabase::data_file(const OcdbtEntry& entry) const {
+Location OcdbtDatabase::data_file(const OcdbtEntry& entry) const {
   return resolve(dir_, entry.file, "OCDBT value '" + entry.key + "'");
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/core/error.h"
 #include "tessel/detail/json_util.h"
 
@@ -89,8 +90,8 @@ void check_name(const std::string& name, std::string_view source) {
                                  source, name));
 }
 
-bool ends_with(const fs::path& p, std::string_view suffix) {
-  const std::string s = p.filename().string();
+bool ends_with(const Location& p, std::string_view suffix) {
+  const std::string s = p.filename();
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
@@ -174,34 +175,31 @@ SafetensorsHeader parse_safetensors_head(std::span<const std::byte> head, int64_
   return h;
 }
 
-SafetensorsHeader read_safetensors_header(const fs::path& path) {
-  const detail::File file = detail::File::open_read(path);
-  const int64_t size = file.size();
+SafetensorsHeader read_safetensors_header(const Location& path) {
+  const auto file = detail::open_source(path);
+  const int64_t size = file->size();
   std::vector<std::byte> head(8);
-  if (size >= 8) file.read_exact(0, head);
+  if (size >= 8) file->read_exact(0, head);
   const int64_t n = header_length(head, size, path.string());
   head.resize(static_cast<size_t>(8 + n));
-  file.read_exact(8, std::span<std::byte>(head).subspan(8));
+  file->read_exact(8, std::span<std::byte>(head).subspan(8));
   return parse_safetensors_head(head, size, path.string());
 }
 
-bool is_safetensors(const fs::path& path) {
-  std::error_code ec;
-  const auto st = fs::status(path, ec);
-  if (ec) return false;
-  if (fs::is_regular_file(st)) return ends_with(path, ".safetensors") || ends_with(path, ".safetensors.index.json");
-  if (!fs::is_directory(st) || fs::exists(path / "_METADATA", ec)) return false;
-  return fs::is_regular_file(path / "model.safetensors", ec) || fs::is_regular_file(path / "model.safetensors.index.json", ec);
+bool is_safetensors(const Location& path) {
+  if (detail::is_file(path)) return ends_with(path, ".safetensors") || ends_with(path, ".safetensors.index.json");
+  if (detail::is_file(path / "_METADATA")) return false;
+  return detail::is_file(path / "model.safetensors") || detail::is_file(path / "model.safetensors.index.json");
 }
 
-SafetensorsSet open_safetensors(const fs::path& path) {
+SafetensorsSet open_safetensors(const Location& path) {
   SafetensorsSet set;
   set.source = path;
-  fs::path index;
-  if (fs::is_directory(path)) {
-    if (fs::is_regular_file(path / "model.safetensors.index.json")) {
+  std::optional<Location> index;
+  if (!detail::is_file(path)) {
+    if (detail::is_file(path / "model.safetensors.index.json")) {
       index = path / "model.safetensors.index.json";
-    } else if (fs::is_regular_file(path / "model.safetensors")) {
+    } else if (detail::is_file(path / "model.safetensors")) {
       set.files.push_back(path / "model.safetensors");
     } else {
       throw ValueError("'" + path.string() + "' holds neither model.safetensors nor model.safetensors.index.json");
@@ -213,21 +211,25 @@ SafetensorsSet open_safetensors(const fs::path& path) {
   }
 
   std::map<std::string, std::string> weight_map;
-  if (!index.empty()) {
-    const Json j = json_util::parse(detail::read_file(index, kMaxSafetensorsHeaderBytes), index.string());
+  if (index) {
+    const std::optional<std::string> text = detail::read_small(*index, kMaxSafetensorsHeaderBytes);
+    if (!text) throw IoError("'" + index->string() + "' does not exist");
+    const Json j = json_util::parse(*text, index->string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw ValueError(index.string() + ": no \"weight_map\" object");
+      throw ValueError(index->string() + ": no \"weight_map\" object");
     std::map<std::string, size_t> file_ids;
     for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw ValueError(fmt::format("{}: weight_map '{}' is not a file name", index.string(), name));
+      if (!file.is_string()) throw ValueError(fmt::format("{}: weight_map '{}' is not a file name", index->string(), name));
       const std::string f = file.get<std::string>();
-      const fs::path p = detail::child_path(index.parent_path(), f, "a file of " + index.string());
+      if (f.empty() || f == "." || f == ".." || f.find_first_of(std::string("/\0", 2)) != std::string::npos)
+        throw ValueError(fmt::format("{}: weight_map file '{}' must name one file beside the index", index->string(), f));
+      const Location p = index->parent() / f;
       if (file_ids.emplace(f, set.files.size()).second) set.files.push_back(p);
       weight_map[name] = f;
     }
     if (j.contains("metadata") && j["metadata"].is_object())
       for (const auto& [k, v] : j["metadata"].items()) set.metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
-    if (set.files.empty()) throw ValueError(index.string() + ": the weight_map names no files");
+    if (set.files.empty()) throw ValueError(index->string() + ": the weight_map names no files");
   }
 
   std::map<std::string, size_t> seen;  // name -> file
@@ -247,7 +249,7 @@ SafetensorsSet open_safetensors(const fs::path& path) {
   for (const auto& [name, file] : weight_map) {
     auto it = seen.find(name);
     if (it == seen.end() || set.files[it->second].filename() != file)
-      throw ValueError(fmt::format("{}: weight_map puts '{}' in {}, which does not hold it", index.string(), name, file));
+      throw ValueError(fmt::format("{}: weight_map puts '{}' in {}, which does not hold it", index->string(), name, file));
   }
   std::sort(set.tensors.begin(), set.tensors.end(),
             [](const SafetensorsTensor& a, const SafetensorsTensor& b) { return a.name < b.name; });

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tessel/core/dtype.h"
+#include "tessel/core/location.h"
 #include "tessel/core/shape.h"
 
 namespace tessel::detail {
@@ -52,28 +53,28 @@ DType parse_safetensors_dtype(std::string_view text, std::string_view what);
 SafetensorsHeader parse_safetensors_header(std::string_view json, int64_t data_bytes, std::string_view source);
 
 // Reads and validates one file's header (length, bounds, then the above).
-SafetensorsHeader read_safetensors_header(const std::filesystem::path& file);
+SafetensorsHeader read_safetensors_header(const Location& file);
 // The same from the first bytes of a file of `file_size` bytes (the fuzzers' entry point):
 // `head` holds the 8-byte length and at least that many header bytes.
 SafetensorsHeader parse_safetensors_head(std::span<const std::byte> head, int64_t file_size, std::string_view source);
 
 // One file, or the files of a sharded set, as one collection of tensors.
 struct SafetensorsSet {
-  std::vector<std::filesystem::path> files;
+  std::vector<Location> files;
   std::vector<int64_t> data_starts;             // per file
   std::vector<SafetensorsTensor> tensors;       // sorted by name
   std::map<std::string, std::string> metadata;  // the first file's `__metadata__`, else the index's "metadata"
-  std::filesystem::path source;                 // what was opened
+  Location source;                              // what was opened
 };
 
 // True for a `*.safetensors` file, a `*.safetensors.index.json` file, or a directory holding
 // `model.safetensors` or `model.safetensors.index.json` (and no Orbax `_METADATA`).
-bool is_safetensors(const std::filesystem::path& path);
+bool is_safetensors(const Location& path);
 
 // Opens a file, an index (its files named relative to it, never outside its directory) or a
 // directory as is_safetensors() accepts. Throws ValueError / IoError naming the file: a tensor in
 // two files, a weight_map entry whose file lacks it, a name that is not a path
 // (empty level, '/').
-SafetensorsSet open_safetensors(const std::filesystem::path& path);
+SafetensorsSet open_safetensors(const Location& path);
 
 }  // namespace tessel::detail

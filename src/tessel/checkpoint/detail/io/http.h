@@ -1,0 +1,51 @@
+// Internal (not installed): one HTTP request at a time per thread over libcurl, the connection
+// kept for the thread's next request. No retries here: the object store clients decide what a
+// failure means (s3.h).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessel/core/error.h"
+
+namespace tessel::detail {
+
+struct HttpRequest {
+  std::string method;  // GET, HEAD, PUT, POST, DELETE
+  std::string url;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::span<const std::byte> body;
+};
+
+struct HttpResponse {
+  long status = 0;
+  std::map<std::string, std::string> headers;  // names lowercased
+  std::string body;                            // unless the body went into the caller's bytes
+  size_t received = 0;                         // bytes written into the caller's bytes
+  bool overflow = false;                       // the server sent more than those bytes hold
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+// The request could not complete (no connection, a reset, a stall): worth another try.
+class HttpTransportError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+// Sends `request`. A 2xx body goes into `into` when it is given (at most into.size() bytes;
+// `received` says how many came, `overflow` whether more were sent), else into `body`; a non-2xx
+// body always into `body` (an error document). Throws HttpTransportError when no response came.
+HttpResponse http_send(const HttpRequest& request, std::span<std::byte> into = {});
+
+// RFC 3986 percent-encoding of everything but unreserved characters (and '/' when keep_slash),
+// as AWS's signatures and object URLs need it.
+std::string uri_encode(std::string_view text, bool keep_slash);
+
+}  // namespace tessel::detail

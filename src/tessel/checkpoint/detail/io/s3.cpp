@@ -1,0 +1,359 @@
+#include "tessel/checkpoint/detail/io/s3.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/md5.h>
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <pugixml.hpp>
+
+#include "tessel/core/error.h"
+
+namespace tessel::detail {
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return std::string(s);
+}
+
+// The settings of section `section` of an AWS INI file (credentials: "[name]", config:
+// "[profile name]" or "[default]"); empty when the file or the section is absent. Indented lines
+// (a service's nested settings) are skipped.
+std::map<std::string, std::string> ini_section(const std::string& path, const std::string& section) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(path);
+  if (!in) return out;
+  std::string line, current;
+  bool found = false;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const std::string t = trim(line);
+    if (t.empty() || t[0] == '#' || t[0] == ';') continue;
+    if (t[0] == '[') {
+      if (t.back() != ']') throw ParseError(path, number, 1, "a section header without ']'");
+      current = trim(std::string_view(t).substr(1, t.size() - 2));
+      found = found || current == section;
+      continue;
+    }
+    if (current != section || std::isspace(static_cast<unsigned char>(line[0]))) continue;
+    const size_t eq = t.find('=');
+    if (eq == std::string::npos) throw ParseError(path, number, 1, "expected 'name = value'");
+    out[trim(std::string_view(t).substr(0, eq))] = trim(std::string_view(t).substr(eq + 1));
+  }
+  return out;
+}
+
+std::string home_file(const char* variable, const char* name) {
+  if (std::string v = env(variable); !v.empty()) return v;
+  const std::string home = env("HOME");
+  return home.empty() ? std::string() : home + "/.aws/" + name;
+}
+
+std::string hex(const unsigned char* data, size_t n) {
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) out += fmt::format("{:02x}", data[i]);
+  return out;
+}
+
+std::string hmac(const std::string& key, const std::string& data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
+       data.size(), out, &n);
+  return std::string(reinterpret_cast<char*>(out), n);
+}
+
+std::string sha256_of(std::string_view s) { return sha256_hex(std::as_bytes(std::span(s.data(), s.size()))); }
+
+std::string amz_date_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+bool retryable(long status, const std::string& body) {
+  if (status >= 500 || status == 429) return true;
+  // S3 answers some throttling and timeouts with 400.
+  return status == 400 && (body.find("<Code>RequestTimeout</Code>") != std::string::npos ||
+                           body.find("<Code>SlowDown</Code>") != std::string::npos ||
+                           body.find("<Code>Throttling</Code>") != std::string::npos);
+}
+
+// Full jitter: a random wait up to min(cap, base * 2^attempt).
+void back_off(int attempt) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  const double cap = std::min(5.0, 0.05 * static_cast<double>(int64_t{1} << std::min(attempt, 10)));
+  std::uniform_real_distribution<double> wait(0.0, cap);
+  std::this_thread::sleep_for(std::chrono::duration<double>(wait(rng)));
+}
+
+}  // namespace
+
+S3Config S3Config::from_environment() {
+  S3Config c;
+  std::string profile = env("AWS_PROFILE");
+  if (profile.empty()) profile = "default";
+  const std::string credentials_file = home_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
+  const std::string config_file = home_file("AWS_CONFIG_FILE", "config");
+  const auto from_credentials = credentials_file.empty() ? std::map<std::string, std::string>()
+                                                         : ini_section(credentials_file, profile);
+  const auto from_config = config_file.empty() ? std::map<std::string, std::string>()
+                                               : ini_section(config_file, profile == "default" ? profile : "profile " + profile);
+  auto setting = [&](const std::string& name) {
+    if (auto it = from_credentials.find(name); it != from_credentials.end()) return it->second;
+    if (auto it = from_config.find(name); it != from_config.end()) return it->second;
+    return std::string();
+  };
+  if (std::string key = env("AWS_ACCESS_KEY_ID"); !key.empty()) {
+    c.credentials = S3Credentials{key, env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")};
+    if (c.credentials->secret_key.empty()) throw ValueError("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+  } else if (std::string k = setting("aws_access_key_id"); !k.empty()) {
+    c.credentials = S3Credentials{k, setting("aws_secret_access_key"), setting("aws_session_token")};
+    if (c.credentials->secret_key.empty())
+      throw ValueError(fmt::format("AWS profile '{}' has aws_access_key_id but no aws_secret_access_key", profile));
+  }
+  c.credentials_hint = fmt::format("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set and profile '{}' has no "
+                                   "aws_access_key_id in {} or {}",
+                                   profile, credentials_file.empty() ? "~/.aws/credentials" : credentials_file,
+                                   config_file.empty() ? "~/.aws/config" : config_file);
+  for (const std::string& r : {env("AWS_REGION"), env("AWS_DEFAULT_REGION"), setting("region")}) {
+    if (!r.empty()) {
+      c.region = r;
+      break;
+    }
+  }
+  std::string endpoint = env("AWS_ENDPOINT_URL_S3");
+  if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
+  if (endpoint.empty()) endpoint = setting("endpoint_url");
+  if (endpoint.empty()) {
+    c.endpoint = "https://s3." + c.region + ".amazonaws.com";
+  } else {
+    if (!endpoint.starts_with("http://") && !endpoint.starts_with("https://"))
+      throw ValueError("the S3 endpoint '" + endpoint + "' is not an http:// or https:// URL");
+    while (endpoint.ends_with('/')) endpoint.pop_back();
+    c.endpoint = endpoint;
+    c.path_style = true;
+  }
+  if (std::string n = env("TESSEL_S3_MAX_ATTEMPTS"); !n.empty()) c.max_attempts = std::max(1, std::atoi(n.c_str()));
+  return c;
+}
+
+std::string sha256_hex(std::span<const std::byte> bytes) {
+  unsigned char out[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), out);
+  return hex(out, sizeof out);
+}
+
+std::string md5_base64(std::span<const std::byte> bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_md5(), nullptr);
+  unsigned char out[64];
+  const int m = EVP_EncodeBlock(out, digest, static_cast<int>(n));
+  return std::string(reinterpret_cast<char*>(out), static_cast<size_t>(m));
+}
+
+std::string sigv4_authorization(const SignedRequest& request, const S3Credentials& credentials,
+                                const std::string& region, const std::string& service, const std::string& amz_date) {
+  std::string canonical_headers, signed_headers;
+  for (const auto& [name, value] : request.headers) {
+    canonical_headers += name + ":" + trim(value) + "\n";
+    signed_headers += (signed_headers.empty() ? "" : ";") + name;
+  }
+  const std::string canonical = request.method + "\n" + request.canonical_uri + "\n" + request.canonical_query + "\n" +
+                                canonical_headers + "\n" + signed_headers + "\n" + request.payload_hash;
+  const std::string date = amz_date.substr(0, 8);
+  const std::string scope = date + "/" + region + "/" + service + "/aws4_request";
+  const std::string to_sign = "AWS4-HMAC-SHA256\n" + amz_date + "\n" + scope + "\n" + sha256_of(canonical);
+  std::string key = hmac("AWS4" + credentials.secret_key, date);
+  key = hmac(key, region);
+  key = hmac(key, service);
+  key = hmac(key, "aws4_request");
+  const std::string signature = hmac(key, to_sign);
+  return fmt::format("AWS4-HMAC-SHA256 Credential={}/{}, SignedHeaders={}, Signature={}", credentials.access_key, scope,
+                     signed_headers, hex(reinterpret_cast<const unsigned char*>(signature.data()), signature.size()));
+}
+
+std::shared_ptr<const S3Client> S3Client::current() {
+  static std::mutex mu;
+  static std::shared_ptr<const S3Client> client;
+  S3Config config = S3Config::from_environment();
+  std::lock_guard lock(mu);
+  const auto same = [](const S3Config& a, const S3Config& b) {
+    const auto creds = [](const std::optional<S3Credentials>& c) {
+      return c ? c->access_key + "\n" + c->secret_key + "\n" + c->session_token : std::string();
+    };
+    return a.endpoint == b.endpoint && a.region == b.region && a.max_attempts == b.max_attempts &&
+           creds(a.credentials) == creds(b.credentials);
+  };
+  if (!client || !same(client->config(), config)) client = std::make_shared<const S3Client>(std::move(config));
+  return client;
+}
+
+S3Client::Result S3Client::send(const std::string& method, const std::string& bucket, const std::string& key,
+                                const std::map<std::string, std::string>& query,
+                                std::map<std::string, std::string> headers, std::span<const std::byte> body,
+                                std::span<std::byte> into) const {
+  if (!config_.credentials) throw IoError(fmt::format("s3://{}/{}: no AWS credentials: {}", bucket, key, config_.credentials_hint));
+  const std::string scheme_end = "://";
+  const size_t host_at = config_.endpoint.find(scheme_end) + scheme_end.size();
+  std::string host = config_.endpoint.substr(host_at);
+  std::string path = "/" + uri_encode(key, true);
+  std::string base = config_.endpoint;
+  if (config_.path_style || bucket.find('.') != std::string::npos) {
+    path = "/" + bucket + (key.empty() ? "" : path);
+  } else {
+    host = bucket + "." + host;
+    base = config_.endpoint.substr(0, host_at) + host;
+  }
+  std::string canonical_query;
+  for (const auto& [name, value] : query) {
+    canonical_query += (canonical_query.empty() ? "" : "&") + uri_encode(name, false) + "=" + uri_encode(value, false);
+  }
+  SignedRequest signed_request{method, path, canonical_query, std::move(headers), "UNSIGNED-PAYLOAD"};
+  if (!body.empty() || method == "PUT" || method == "POST") signed_request.payload_hash = sha256_hex(body);
+  signed_request.headers["host"] = host;
+  signed_request.headers["x-amz-content-sha256"] = signed_request.payload_hash;
+  if (!config_.credentials->session_token.empty())
+    signed_request.headers["x-amz-security-token"] = config_.credentials->session_token;
+  Result result;
+  result.url = base + path + (canonical_query.empty() ? "" : "?" + canonical_query);
+  for (int attempt = 0;; ++attempt) {
+    signed_request.headers["x-amz-date"] = amz_date_now();
+    HttpRequest request{method, result.url, {}, body};
+    for (const auto& [name, value] : signed_request.headers) {
+      if (name != "host") request.headers.emplace_back(name, value);
+    }
+    request.headers.emplace_back("authorization", sigv4_authorization(signed_request, *config_.credentials,
+                                                                       config_.region, "s3", signed_request.headers["x-amz-date"]));
+    const bool last = attempt + 1 >= config_.max_attempts;
+    try {
+      result.response = http_send(request, into);
+    } catch (const HttpTransportError& e) {
+      if (last) throw IoError(fmt::format("{} (gave up after {} attempts)", e.what(), attempt + 1));
+      back_off(attempt);
+      continue;
+    }
+    if (last || !retryable(result.response.status, result.response.body)) return result;
+    back_off(attempt);
+  }
+}
+
+void S3Client::fail(const Result& r, const std::string& what) const {
+  std::string code, message;
+  pugi::xml_document doc;
+  if (!r.response.body.empty() && doc.load_buffer(r.response.body.data(), r.response.body.size())) {
+    code = doc.child("Error").child_value("Code");
+    message = doc.child("Error").child_value("Message");
+  }
+  throw IoError(fmt::format("{}: {} answered HTTP {}{}{}", what, r.url, r.response.status,
+                            code.empty() ? "" : " " + code, message.empty() ? "" : " (" + message + ")"));
+}
+
+std::optional<int64_t> S3Client::head(const std::string& bucket, const std::string& key) const {
+  const Result r = send("HEAD", bucket, key, {}, {}, {});
+  if (r.response.status == 404) return std::nullopt;
+  if (r.response.status != 200) fail(r, fmt::format("s3://{}/{}", bucket, key));
+  const std::string length = r.response.header("content-length");
+  char* end = nullptr;
+  const long long n = std::strtoll(length.c_str(), &end, 10);
+  if (length.empty() || *end != '\0' || n < 0)
+    throw IoError(fmt::format("s3://{}/{}: the server gave no object size (Content-Length '{}')", bucket, key, length));
+  return n;
+}
+
+void S3Client::read(const std::string& bucket, const std::string& key, int64_t offset, std::span<std::byte> out) const {
+  if (out.empty()) return;
+  const std::string where = fmt::format("s3://{}/{}", bucket, key);
+  const int64_t last = offset + static_cast<int64_t>(out.size()) - 1;
+  const Result r = send("GET", bucket, key, {}, {{"range", fmt::format("bytes={}-{}", offset, last)}}, {}, out);
+  if (r.response.status == 416) {
+    throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked, the object ends before {}", where, offset, last + 1,
+                              offset));
+  }
+  if (r.response.status != 206 && r.response.status != 200) fail(r, where);
+  // A server that ignores the range sends the object from its start: only right when offset is 0.
+  if (r.response.status == 200 && offset != 0)
+    throw IoError(fmt::format("{}: the server ignored the byte range {}-{}", where, offset, last));
+  if (r.response.status == 206 && r.response.overflow)
+    throw IoError(fmt::format("{}: the server sent more than the byte range {}-{}", where, offset, last));
+  if (r.response.received != out.size() && !(r.response.status == 200 && r.response.overflow)) {
+    throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked, {} received", where, offset, last + 1,
+                              r.response.received));
+  }
+}
+
+std::optional<std::string> S3Client::read_all(const std::string& bucket, const std::string& key, int64_t max_bytes) const {
+  const Result r = send("GET", bucket, key, {}, {}, {});
+  if (r.response.status == 404) return std::nullopt;
+  const std::string where = fmt::format("s3://{}/{}", bucket, key);
+  if (r.response.status != 200) fail(r, where);
+  if (static_cast<int64_t>(r.response.body.size()) > max_bytes)
+    throw IoError(fmt::format("{}: more than the {} bytes a metadata object may have", where, max_bytes));
+  const std::string length = r.response.header("content-length");
+  if (!length.empty() && length != std::to_string(r.response.body.size()))
+    throw IoError(fmt::format("{}: truncated: {} bytes received of {}", where, r.response.body.size(), length));
+  return r.response.body;
+}
+
+S3Listing S3Client::list(const std::string& bucket, const std::string& prefix, const std::string& delimiter,
+                         int max_keys) const {
+  S3Listing out;
+  std::string token;
+  const std::string where = fmt::format("s3://{}/{}", bucket, prefix);
+  do {
+    std::map<std::string, std::string> query{{"list-type", "2"}, {"prefix", prefix}};
+    if (!delimiter.empty()) query["delimiter"] = delimiter;
+    if (!token.empty()) query["continuation-token"] = token;
+    if (max_keys > 0) query["max-keys"] = std::to_string(max_keys);
+    const Result r = send("GET", bucket, "", query, {}, {});
+    if (r.response.status != 200) fail(r, "listing " + where);
+    pugi::xml_document doc;
+    if (!doc.load_buffer(r.response.body.data(), r.response.body.size()))
+      throw IoError("listing " + where + ": the server's answer is not XML");
+    const pugi::xml_node result = doc.child("ListBucketResult");
+    if (!result) throw IoError("listing " + where + ": no ListBucketResult in the server's answer");
+    for (pugi::xml_node c : result.children("Contents")) {
+      out.objects.emplace_back(c.child_value("Key"), std::atoll(c.child_value("Size")));
+    }
+    for (pugi::xml_node p : result.children("CommonPrefixes")) out.prefixes.emplace_back(p.child_value("Prefix"));
+    token = std::string(result.child_value("IsTruncated")) == "true" && max_keys <= 0
+                ? result.child_value("NextContinuationToken")
+                : "";
+  } while (!token.empty());
+  return out;
+}
+
+void S3Client::put(const std::string& bucket, const std::string& key, std::span<const std::byte> bytes) const {
+  const Result r = send("PUT", bucket, key, {}, {{"content-md5", md5_base64(bytes)}}, bytes);
+  if (r.response.status != 200) fail(r, fmt::format("writing s3://{}/{}", bucket, key));
+}
+
+void S3Client::remove(const std::string& bucket, const std::string& key) const {
+  const Result r = send("DELETE", bucket, key, {}, {}, {});
+  if (r.response.status != 204 && r.response.status != 200 && r.response.status != 404)
+    fail(r, fmt::format("deleting s3://{}/{}", bucket, key));
+}
+
+}  // namespace tessel::detail

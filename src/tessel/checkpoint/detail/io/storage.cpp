@@ -1,0 +1,151 @@
+#include "tessel/checkpoint/detail/io/storage.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/s3.h"
+#include "tessel/core/error.h"
+
+namespace tessel::detail {
+namespace fs = std::filesystem;
+namespace {
+
+// An object read by range requests.
+class S3Object final : public ByteSource {
+ public:
+  S3Object(std::shared_ptr<const S3Client> client, Location loc, int64_t size)
+      : client_(std::move(client)), loc_(std::move(loc)), size_(size) {}
+  int64_t size() const override { return size_; }
+  std::string where() const override { return loc_.string(); }
+  void read_exact(int64_t offset, std::span<std::byte> out) const override {
+    const int64_t n = static_cast<int64_t>(out.size());
+    if (offset < 0 || offset > size_ || n > size_ - offset) {
+      throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked of an object of {}", where(), offset, offset + n,
+                                size_));
+    }
+    client_->read(loc_.bucket(), loc_.key(), offset, out);
+  }
+
+ private:
+  std::shared_ptr<const S3Client> client_;
+  Location loc_;
+  int64_t size_;
+};
+
+// The client for a bucket location; gs:// is refused until its client exists.
+std::shared_ptr<const S3Client> client_for(const Location& loc) {
+  if (loc.kind() == Location::Kind::kGcs)
+    throw IoError("'" + loc.string() + "': gs:// buckets are not supported yet (s3:// and local paths are)");
+  return S3Client::current();
+}
+
+std::string dir_prefix(const Location& loc) { return loc.key().empty() ? std::string() : loc.key() + "/"; }
+
+}  // namespace
+
+void ByteSource::read_scatter(int64_t offset, std::span<const iovec> buffers) const {
+  for (const iovec& v : buffers) {
+    read_exact(offset, {static_cast<std::byte*>(v.iov_base), v.iov_len});
+    offset += static_cast<int64_t>(v.iov_len);
+  }
+}
+
+bool is_file(const Location& loc) {
+  if (loc.is_local()) {
+    std::error_code ec;
+    return fs::is_regular_file(fs::symlink_status(loc.local(), ec));
+  }
+  if (loc.key().empty()) return false;
+  return client_for(loc)->head(loc.bucket(), loc.key()).has_value();
+}
+
+bool is_directory(const Location& loc) {
+  if (loc.is_local()) {
+    std::error_code ec;
+    return fs::is_directory(fs::symlink_status(loc.local(), ec));
+  }
+  const S3Listing l = client_for(loc)->list(loc.bucket(), dir_prefix(loc), "/", 1);
+  return !l.objects.empty() || !l.prefixes.empty();
+}
+
+std::vector<StorageEntry> list_directory(const Location& dir) {
+  std::vector<StorageEntry> out;
+  if (dir.is_local()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir.local(), ec)) {
+      if (e.is_symlink()) continue;
+      if (e.is_directory()) {
+        out.push_back({e.path().filename().string(), true});
+      } else if (e.is_regular_file()) {
+        out.push_back({e.path().filename().string(), false});
+      }
+    }
+    if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message());
+  } else {
+    const std::string prefix = dir_prefix(dir);
+    const S3Listing l = client_for(dir)->list(dir.bucket(), prefix, "/");
+    for (const std::string& p : l.prefixes) {
+      std::string name = p.substr(prefix.size());
+      if (name.ends_with('/')) name.pop_back();
+      if (!name.empty()) out.push_back({name, true});
+    }
+    for (const auto& [key, size] : l.objects) {
+      const std::string name = key.substr(prefix.size());
+      if (!name.empty()) out.push_back({name, false});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const StorageEntry& a, const StorageEntry& b) { return a.name < b.name; });
+  return out;
+}
+
+std::shared_ptr<const ByteSource> open_source(const Location& loc) {
+  auto source = open_if_exists(loc);
+  if (!source) throw IoError("'" + loc.string() + "' does not exist");
+  return source;
+}
+
+std::shared_ptr<const ByteSource> open_if_exists(const Location& loc) {
+  if (loc.is_local()) {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(loc.local(), ec))) return nullptr;
+    return std::make_shared<const File>(File::open_read(loc.local()));
+  }
+  auto client = client_for(loc);
+  const std::optional<int64_t> size = client->head(loc.bucket(), loc.key());
+  if (!size) return nullptr;
+  return std::make_shared<const S3Object>(std::move(client), loc, *size);
+}
+
+std::optional<std::string> read_small(const Location& loc, int64_t max_bytes) {
+  if (loc.is_local()) {
+    if (!is_file(loc)) {
+      reject_symlink(loc.local());
+      return std::nullopt;
+    }
+    return read_file(loc.local(), max_bytes);
+  }
+  return client_for(loc)->read_all(loc.bucket(), loc.key(), max_bytes);
+}
+
+Location nested_location(const Location& root, std::string_view relative, std::string_view what) {
+  if (root.is_local()) return Location(nested_path(root.local(), relative, what));
+  Location out = root;
+  size_t start = 0;
+  for (;;) {
+    const size_t sep = relative.find('/', start);
+    const std::string_view name = relative.substr(start, sep == std::string_view::npos ? sep : sep - start);
+    if (name.empty() || name == "." || name == ".." || name.find('\0') != std::string_view::npos) {
+      throw ValueError(fmt::format("{} '{}' has the name '{}': each name must be one entry inside '{}'", what,
+                                   relative, name, root.string()));
+    }
+    out = out / name;
+    if (sep == std::string_view::npos) return out;
+    start = sep + 1;
+  }
+}
+
+}  // namespace tessel::detail

@@ -1,0 +1,43 @@
+// Internal (not installed): what the checkpoint readers ask of a Location, whatever its kind: a
+// local directory tree (symlinks never followed, as file_io.h does) or a prefix in an S3 bucket,
+// where a "directory" is a key prefix ending in '/' and a file is an object.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/checkpoint/detail/io/byte_source.h"
+#include "tessel/core/location.h"
+
+namespace tessel::detail {
+
+// A regular file (not through a symlink) or an object.
+bool is_file(const Location& loc);
+// A plain directory (not a symlink), or a prefix with objects below it.
+bool is_directory(const Location& loc);
+inline bool exists(const Location& loc) { return is_file(loc) || is_directory(loc); }
+
+struct StorageEntry {
+  std::string name;
+  bool is_directory = false;
+};
+// The files and plain directories in `dir`, sorted by name (symlinks left out). Throws IoError when
+// it cannot be listed.
+std::vector<StorageEntry> list_directory(const Location& dir);
+
+// The file or object for reading by ranges. Throws IoError when it is absent (or a symlink).
+std::shared_ptr<const ByteSource> open_source(const Location& loc);
+// The same, or nullptr when nothing is there (a symlink is still an IoError).
+std::shared_ptr<const ByteSource> open_if_exists(const Location& loc);
+// The whole file or object, refused above `max_bytes`; nullopt when there is none.
+std::optional<std::string> read_small(const Location& loc, int64_t max_bytes);
+
+// `root / relative` for a '/'-separated path read from metadata, each name checked (nested_path in
+// file_io.h for a local root); `what` names its origin in the message.
+Location nested_location(const Location& root, std::string_view relative, std::string_view what);
+
+}  // namespace tessel::detail

@@ -1,0 +1,151 @@
+"""Checkpoints in an S3 bucket (moto's server on 127.0.0.1): what Orbax wrote (OCDBT + zarr v2,
+plain files, zarr3) and safetensors sets, restored by tessel straight from the bucket onto other
+meshes, bit for bit per device block and reading the bytes a local restore reads; steps and items
+listed by prefix; the CLI too. Faults a store gives (throttling, 5xx, dropped connections) are
+retried; a truncated object, a missing bucket or key, and exhausted retries are clear errors."""
+import os
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+
+import tessel
+from conftest import cli
+from object_store import CREDENTIALS, FaultProxy, moto_server, s3_client, upload_tree
+from test_tessel_reads_orbax import random_jax_tree, save_with_manager, target_mesh
+from trees import assert_bit_identical, leaves, random_array
+
+BUCKET = "tessel-test"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with moto_server() as endpoint:
+        s3_client(endpoint).create_bucket(Bucket=BUCKET)
+        yield endpoint
+
+
+@pytest.fixture
+def s3(server, monkeypatch):
+    """tessel pointed at the server: credentials and the endpoint from the environment."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return s3_client(server)
+
+
+def check_shards(restored, values, where):
+    for path, want in leaves(values).items():
+        for shard in leaves(restored)[path].shards:
+            assert_bit_identical(shard.data, want[shard.index], f"{where} {path} device {shard.device}")
+
+
+@pytest.mark.parametrize("layout", ["default", "files", "zarr3"])
+def test_tessel_restores_orbax_checkpoints_from_a_bucket(rng, tmp, x64, s3, layout):
+    devices = jax.devices()
+    root = os.path.join(tmp, "ckpt")
+    trees = {step: (random_jax_tree(rng, devices), random_jax_tree(rng, devices)) for step in (1, 2)}
+    steps = save_with_manager(root, layout, sorted(trees), {s: (a[1], b[1]) for s, (a, b) in trees.items()})
+    url = f"s3://{BUCKET}/runs/{layout}-{rng.randrange(10**9)}"
+    upload_tree(s3, root, BUCKET, url.removeprefix(f"s3://{BUCKET}/"))
+
+    assert tessel.checkpoint.steps(url) == steps
+    assert {i["name"] for i in tessel.checkpoint.items(url + "/2")} == {"items", "model_params", "meta"}
+    info = tessel.checkpoint.info(url, item="items")
+    assert info["item"] == f"{url}/{steps[-1]}/items"
+    assert info == tessel.checkpoint.info(root, item="items") | {"item": info["item"]}
+    for step in steps:
+        for item, (values, _, mesh) in zip(("items", "model_params"), trees[step]):
+            devices_now = rng.choice([2, 4, 16])
+            target = target_mesh(rng, mesh.axis_names, devices_now)
+            remote, local = {}, {}
+            got = tessel.checkpoint.restore(f"{url}/{step}", item=item, mesh=target, stats=remote)
+            tessel.checkpoint.restore(os.path.join(root, str(step)), item=item, mesh=target, stats=local)
+            check_shards(got, values, f"{url}/{step}/{item} on {target}")
+            remote.pop("seconds"), local.pop("seconds")
+            assert remote == local, (remote, local)
+    assert tessel.checkpoint.verify(url, item="model_params")["faults"] == []
+
+    env = dict(os.environ)
+    r = subprocess.run([cli(), "ckpt", "info", url, "--item", "items"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"item {url}/{steps[-1]}/items (" in r.stdout, r.stdout
+    r = subprocess.run([cli(), "ckpt", "verify", url, "--item", "items"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "0 faults" in r.stdout, r.stdout + r.stderr
+
+
+def test_safetensors_sets_from_a_bucket(rng, tmp, s3):
+    layers = {str(i): {"w": random_array(rng, (rng.randrange(64, 300), rng.randrange(8, 64)), "float32")}
+              for i in range(rng.randrange(3, 7))}
+    tree = {"model": {"layers": layers, "embed": random_array(rng, (128, 24), "bfloat16")}}
+    local = os.path.join(tmp, "hf")
+    tessel.checkpoint.save_safetensors(local, tree, max_file_bytes=1 << 20)
+    assert len([f for f in os.listdir(local) if f.endswith(".safetensors")]) >= 1
+    url = f"s3://{BUCKET}/hf-{rng.randrange(10**9)}"
+    upload_tree(s3, local, BUCKET, url.removeprefix(f"s3://{BUCKET}/"))
+    mesh = tessel.Mesh({"x": 4})
+    want = leaves(tree)
+    shardings = {p: tessel.NamedSharding(mesh, tessel.P("x")) for p in want}
+    got = tessel.checkpoint.restore(url, shardings=shardings)
+    flat = leaves(got)
+    for path, value in want.items():
+        for shard in flat[path].shards:
+            assert_bit_identical(shard.data, value[shard.index], f"{path} device {shard.device}")
+    # From the bucket to a local Orbax item, and back to the same values.
+    out = os.path.join(tmp, "orbax")
+    assert tessel.checkpoint.convert(url, out, to="orbax") == "orbax"
+    again = tessel.checkpoint.restore(out)
+    for path, value in want.items():
+        assert_bit_identical(leaves(again)[path].to_numpy(), value, path)
+
+
+def test_faults_are_retried_and_failures_are_clear(rng, tmp, s3, server, monkeypatch):
+    values = {"w": random_array(rng, (64, 48), "float32"), "b": random_array(rng, (48,), "float32")}
+    local = os.path.join(tmp, "item")
+    tessel.checkpoint.save(local, values, use_ocdbt=False)
+    prefix = f"faults-{rng.randrange(10**9)}"
+    upload_tree(s3, local, BUCKET, prefix)
+    url = f"s3://{BUCKET}/{prefix}"
+
+    # A third of the requests answered with 503 SlowDown, 500, 429 or a dropped connection.
+    with FaultProxy(server, rate=0.3, seed=rng.randrange(2**32)) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        for _ in range(3):
+            got = tessel.checkpoint.restore(url, mesh=tessel.Mesh({"x": 4}))
+            for name, want in values.items():
+                assert_bit_identical(got[name].to_numpy(), want, name)
+        assert sum(proxy.faults.values()) > 0 and proxy.forwarded > 0, proxy.faults
+        print("faults injected and retried:", proxy.faults, "forwarded:", proxy.forwarded)
+    # Every request failing, with few attempts: the error names the object and the answer.
+    with FaultProxy(server, rate=1.0, seed=1) as proxy:
+        proxy.FAULTS = ("503",)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        monkeypatch.setenv("TESSEL_S3_MAX_ATTEMPTS", "2")
+        with pytest.raises(tessel.IoError, match=rf"{proxy.endpoint}/{BUCKET}/{prefix}\S* answered HTTP 503"):
+            tessel.checkpoint.restore(url)
+        assert proxy.faults["503"] >= 2
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server)
+    monkeypatch.delenv("TESSEL_S3_MAX_ATTEMPTS")
+
+    # A chunk object cut short.
+    chunks = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/w/")["Contents"]
+              if not o["Key"].endswith(".zarray")]
+    body = s3.get_object(Bucket=BUCKET, Key=chunks[0])["Body"].read()
+    s3.put_object(Bucket=BUCKET, Key=chunks[0], Body=body[: len(body) // 2])
+    with pytest.raises(tessel.Error, match=rf"\(s3://{BUCKET}/{chunks[0]}\): {len(body) // 2} bytes, an uncompressed "
+                                           rf"chunk of \[\d+, \d+\] float32 has {len(body)}"):
+        tessel.checkpoint.restore(url)
+
+    with pytest.raises(tessel.IoError, match="does not exist"):
+        tessel.checkpoint.restore(f"s3://{BUCKET}/no/such/prefix")
+    with pytest.raises(tessel.IoError, match="NoSuchBucket"):
+        tessel.checkpoint.restore("s3://no-such-bucket-here/x")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.path.join(tmp, "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.path.join(tmp, "none"))
+    with pytest.raises(tessel.IoError, match="no AWS credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        tessel.checkpoint.restore(url)
+    with pytest.raises(tessel.ArgumentError, match="bucket name"):
+        tessel.checkpoint.restore("s3://Bad_Bucket/x")
