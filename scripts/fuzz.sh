@@ -2,7 +2,7 @@
 # Fuzzes each libFuzzer target for SECONDS (default 60): the sharding parsers (rules, dumps, specs,
 # meshes), the model config parser and the checkpoint metadata parsers, chunk decoders, OCDBT
 # manifests and nodes, zarr3 shard indexes, safetensors headers, key maps and MaxText model files
-# (over MaxText's base.yml).
+# (over MaxText's base.yml), and what an S3 server answers (listings).
 # Usage: scripts/fuzz.sh [SECONDS [BUILD_DIR]]. BUILD_DIR: a clang build configured with
 # -DTESSEL_BUILD_FUZZ=ON and the sanitizers (scripts/test.sh's build-san); without it the script
 # configures build-fuzz (clang, ASan + UBSan) itself. Findings land in BUILD_DIR/findings/; the
@@ -11,7 +11,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
 build=${2:-$root/build-fuzz}
-targets=(fuzz_sharding_parsers fuzz_model_config fuzz_checkpoint fuzz_safetensors fuzz_key_map fuzz_maxtext_config)
+targets=(fuzz_sharding_parsers fuzz_model_config fuzz_checkpoint fuzz_safetensors fuzz_key_map fuzz_maxtext_config
+         fuzz_object_store)
 mkdir -p "$build"
 if [ $# -lt 2 ]; then
   CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSEL_BUILD_FUZZ=ON \
@@ -23,7 +24,8 @@ cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 mkdir -p "$build/findings"
 # target:seed corpus. 4 KB inputs at most; 10 s per input at most (a hang is a finding); 2 GB RSS.
 for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model fuzz_checkpoint:corpus_checkpoint \
-    fuzz_safetensors:corpus_safetensors fuzz_key_map:corpus_key_map fuzz_maxtext_config:corpus_maxtext; do
+    fuzz_safetensors:corpus_safetensors fuzz_key_map:corpus_key_map fuzz_maxtext_config:corpus_maxtext \
+    fuzz_object_store:corpus_s3; do
   target=${pair%%:*} corpus=${pair##*:}
   mkdir -p "$build/$corpus"
   cp -n "$root/fuzz/$corpus"/* "$build/$corpus/" 2>/dev/null || true

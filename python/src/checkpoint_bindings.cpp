@@ -117,10 +117,12 @@ std::vector<HostLeaf> host_leaves(nb::list leaves) {
   return host;
 }
 
-// A new directory's path: local (URLs refused naming `what`), its parents created as Orbax does.
-fs::path new_dir(const std::string& path, const char* what) {
-  const fs::path dir = local_path(path, what);
-  const fs::path parent = fs::absolute(dir).parent_path();
+// A new directory: local, its parents created as Orbax does, or a bucket prefix (`what` names the
+// argument in the error for any other URL).
+Location new_dir(const std::string& path, const char* what) {
+  const Location dir = Location::parse(path, what);
+  if (!dir.is_local()) return dir;
+  const fs::path parent = fs::absolute(dir.local()).parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) throw IoError("cannot create '" + parent.string() + "': " + ec.message());
@@ -132,7 +134,7 @@ fs::path new_dir(const std::string& path, const char* what) {
 void save_leaves(const std::string& path, nb::list leaves, const std::string& compression, bool use_ocdbt,
                  bool use_zarr3, int64_t max_chunk_bytes, std::optional<LogicalRules> rules,
                  std::vector<std::string> sequence_nodes, nb::object group, std::vector<int64_t> local_devices) {
-  const fs::path dir = local_path(path, "path");
+  (void)Location::parse(path, "path");  // a bad URL before the leaves are staged
   std::vector<HostLeaf> host = host_leaves(leaves);
   std::optional<PythonProcessGroup> job;
   HostProcesses processes;
@@ -150,18 +152,18 @@ void save_leaves(const std::string& path, nb::list leaves, const std::string& co
   StagedState staged = stage_host(std::move(host), processes);
   nb::gil_scoped_release release;
   // Every process creates the parents (they may not share them); the leader alone commits.
-  save(new_dir(dir.string(), "path"), staged, options);
+  save(new_dir(path, "path"), staged, options);
 }
 
 void save_safetensors_leaves(const std::string& path, nb::list leaves, int64_t max_file_bytes,
                              std::map<std::string, std::string> metadata) {
-  const fs::path dir = local_path(path, "path");
+  (void)Location::parse(path, "path");  // a bad URL before the leaves are staged
   SafetensorsSaveOptions options;
   options.max_file_bytes = max_file_bytes;
   options.metadata = std::move(metadata);
   StagedState staged = stage_host(host_leaves(leaves));
   nb::gil_scoped_release release;
-  save_safetensors(new_dir(dir.string(), "path"), staged, options);
+  save_safetensors(new_dir(path, "path"), staged, options);
 }
 
 Placement parse_placement(const std::string& name) {
@@ -302,8 +304,7 @@ std::string convert_item(const std::string& src, const std::string& dst, std::op
                          std::optional<std::string> map, std::map<std::string, std::string> map_vars,
                          int64_t max_file_bytes, const std::string& compression, bool use_ocdbt, bool use_zarr3,
                          int64_t memory_bytes) {
-  const Location from = Location::parse(src, "src");
-  const fs::path into = local_path(dst, "dst");
+  const Location from = Location::parse(src, "src"), into = Location::parse(dst, "dst");
   if (to && *to != "orbax" && *to != "safetensors" && *to != "maxtext-params")
     throw ValueError("to must be 'orbax', 'safetensors' or 'maxtext-params', not '" + *to + "'");
   if (max_file_bytes < 0 || max_file_bytes % (int64_t{1} << 20) != 0)

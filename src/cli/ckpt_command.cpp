@@ -411,7 +411,8 @@ void add_ckpt_command(CLI::App& app) {
   e->callback([args] { export_command(*args); });
   CLI::App* s = ckpt->add_subcommand("reshard", "Restore onto a mesh and save for that layout");
   common(s);
-  path_option(s->add_option("dst", args->dst, "New checkpoint directory (must not exist)"))->required();
+  location_option(s->add_option("dst", args->dst, "New checkpoint directory (must not exist), local or s3://bucket/prefix"))
+      ->required();
   mesh_opts(s);
   s->add_option("--compression", args->compression, "none, zstd or zstd:<level>");
   add_storage_options(s, args->storage);
@@ -423,7 +424,9 @@ void add_ckpt_command(CLI::App& app) {
       "  tessel ckpt convert hf_model/ ckpt/params             # safetensors -> Orbax item\n"
       "  tessel ckpt convert ckpt/7 out/ --max-file-mb 4096      # Orbax -> model-0000i-of-0000N.safetensors");
   common(c);
-  path_option(c->add_option("dst", args->dst, "New directory (must not exist): an Orbax item, or a Hugging Face model directory"))
+  location_option(c->add_option("dst", args->dst,
+                                "New directory (must not exist), local or s3://bucket/prefix: an Orbax item, or a "
+                                "Hugging Face model directory"))
       ->required();
   c->add_option("--to", args->to,
                  "orbax, safetensors (default: the other format) or maxtext-params: MaxText's parameter-only "

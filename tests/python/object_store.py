@@ -31,7 +31,7 @@ def moto_server(timeout_s: float = 60):
     """moto's S3 server; yields its endpoint URL. Killed on exit, also when the test fails."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=open(os.environ.get("TESSEL_MOTO_LOG", os.devnull), "w"), start_new_session=True)
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

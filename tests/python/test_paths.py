@@ -31,12 +31,12 @@ def calls(item):
     ckpt = tessel.checkpoint
     tree = {"w": np.zeros(4, np.float32)}
     return [
-        ("path", lambda u: ckpt.save(u, tree), False),
-        ("path", lambda u: ckpt.save_safetensors(u, tree), False),
+        ("path", lambda u: ckpt.save(u, tree), True),
+        ("path", lambda u: ckpt.save_safetensors(u, tree), True),
         ("path", lambda u: ckpt.restore(u), True),
         ("logical_axes", lambda u: ckpt.restore(item, mesh=tessel.Mesh({"data": 1}), logical_axes=u), False),
         ("src", lambda u: ckpt.convert(u, "out"), True),
-        ("dst", lambda u: ckpt.convert(item, u), False),
+        ("dst", lambda u: ckpt.convert(item, u), True),
         ("rules", lambda u: ckpt.convert(item, "out", rules=u), False),
         ("map", lambda u: ckpt.convert(item, "out", map=u), False),
         ("root", lambda u: ckpt.steps(u), True),

@@ -9,6 +9,7 @@ import subprocess
 import jax
 import numpy as np
 import pytest
+import tensorstore as ts
 
 import tessel
 from conftest import cli
@@ -149,3 +150,90 @@ def test_faults_are_retried_and_failures_are_clear(rng, tmp, s3, server, monkeyp
         tessel.checkpoint.restore(url)
     with pytest.raises(tessel.ArgumentError, match="bucket name"):
         tessel.checkpoint.restore("s3://Bad_Bucket/x")
+
+
+def tensorstore_read_s3(endpoint, bucket, item_prefix, name, use_ocdbt, use_zarr3):
+    """The array through TensorStore's own s3 kvstore (under OCDBT for that layout)."""
+    s3 = {"driver": "s3", "bucket": bucket, "endpoint": endpoint, "aws_region": CREDENTIALS["AWS_REGION"]}
+    if use_ocdbt:
+        kvstore = {"driver": "ocdbt", "base": s3 | {"path": item_prefix + "/"}, "path": f"{name}/"}
+    else:
+        kvstore = s3 | {"path": f"{item_prefix}/{name}/"}
+    spec = {"driver": "zarr3" if use_zarr3 else "zarr", "kvstore": kvstore}
+    return np.asarray(ts.open(spec, open=True).result().read().result())
+
+
+@pytest.mark.parametrize("layout", ["ocdbt", "files", "zarr3", "safetensors"])
+def test_tessel_saves_into_a_bucket(rng, tmp, s3, server, layout):
+    """tessel writes straight into the bucket (objects in parts; the commit marker last); it and
+    TensorStore's s3 kvstore read every array back bit for bit."""
+    mesh = tessel.Mesh({"x": 4})
+    # Large enough that some objects go up in several parts (16 MiB each).
+    tree = {"big": random_array(rng, (rng.randrange(1100, 1400), 4096), "float32"),
+            "layers": {str(i): {"w": random_array(rng, (rng.randrange(8, 90), rng.randrange(1, 40)), "float32")}
+                       for i in range(3)},
+            # safetensors' NumPy API has no bfloat16
+            "emb": random_array(rng, (64, 8), "float16" if layout == "safetensors" else "bfloat16")}
+    shardings = {p: tessel.NamedSharding(mesh, tessel.P("x" if v.shape[0] % 4 == 0 else None))
+                 for p, v in leaves(tree).items()}
+    prefix = f"saved-{layout}-{rng.randrange(10**9)}"
+    url = f"s3://{BUCKET}/{prefix}"
+    if layout == "safetensors":
+        tessel.checkpoint.save_safetensors(url, tree, max_file_bytes=8 << 20)
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")["Contents"]]
+        assert f"{prefix}/model.safetensors.index.json" in keys, keys
+        import safetensors.numpy as stnp
+        for k in keys:
+            if k.endswith(".safetensors"):
+                data = s3.get_object(Bucket=BUCKET, Key=k)["Body"].read()
+                for name, value in stnp.load(data).items():
+                    assert_bit_identical(value, leaves(tree)[name.replace(".", "/")], name)
+    else:
+        tessel.checkpoint.save(url, tree, shardings=shardings, use_ocdbt=layout != "files",
+                               use_zarr3=layout == "zarr3")
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")["Contents"]]
+        assert f"{prefix}/commit_success.txt" in keys and f"{prefix}/_METADATA" in keys, keys
+        assert not any(".orbax-checkpoint-tmp" in k for k in keys), keys
+        for path, want in leaves(tree).items():
+            got = tensorstore_read_s3(server, BUCKET, prefix, path.replace("/", "."), layout != "files", layout == "zarr3")
+            assert_bit_identical(got, want, f"TensorStore {path}")
+    got = tessel.checkpoint.restore(url, shardings=shardings)
+    check_shards(got, tree, url)
+    with pytest.raises(tessel.IoError, match="already exists"):
+        tessel.checkpoint.save(url, tree)
+
+
+def test_a_save_that_dies_leaves_no_step(rng, tmp, s3, server, monkeypatch):
+    """The server gone mid-save: the save fails, no step is committed; the steps before it and a
+    later save to the same step are whole."""
+    tree = {"w": random_array(rng, (512, 1024), "float32"), "b": random_array(rng, (1024,), "float32")}
+    root = f"s3://{BUCKET}/run-{rng.randrange(10**9)}"
+    tessel.checkpoint.save(root + "/1", tree)
+    assert tessel.checkpoint.steps(root) == [1]
+    # A proxy that forwards a few requests, then drops every connection: the server is gone.
+    with FaultProxy(server, rate=0.0, seed=0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        monkeypatch.setenv("TESSEL_S3_MAX_ATTEMPTS", "2")
+        original = proxy.rng.random
+
+        def dying():
+            return 0.0 if proxy.forwarded >= 6 else 1.0
+
+        proxy.rng.random = dying
+        proxy.rate = 0.5
+        proxy.FAULTS = ("drop",)
+        with pytest.raises(tessel.IoError):
+            tessel.checkpoint.save(root + "/2", {"w": random_array(rng, (512, 1024), "float32")})
+        proxy.rng.random = original
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server)
+    monkeypatch.delenv("TESSEL_S3_MAX_ATTEMPTS")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=root.removeprefix(f"s3://{BUCKET}/") + "/2/").get("Contents", [])]
+    assert not any(k.endswith("commit_success.txt") for k in keys), keys
+    assert tessel.checkpoint.steps(root) == [1]
+    got = tessel.checkpoint.restore(root)
+    assert_bit_identical(got["w"].to_numpy(), tree["w"], "step 1 after the failed save")
+    # The same step saved again: what the dead save left is cleared first.
+    again = {"w": random_array(rng, (16, 8), "float32")}
+    tessel.checkpoint.save(root + "/2", again)
+    assert tessel.checkpoint.steps(root) == [1, 2]
+    assert_bit_identical(tessel.checkpoint.restore(root)["w"].to_numpy(), again["w"], "step 2")

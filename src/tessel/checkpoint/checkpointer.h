@@ -139,7 +139,7 @@ StagedState stage_host(std::vector<HostLeaf> leaves, const HostProcesses& proces
 // ("a.b/c" and "a/b.c"), before anything is written.
 class CheckpointWriter final : public StateWriter {
  public:
-  CheckpointWriter(std::filesystem::path dir, const State& abstract, SaveOptions options = {},
+  CheckpointWriter(Location dir, const State& abstract, SaveOptions options = {},
                    ProcessGroup* group = nullptr);
   ~CheckpointWriter() override;
 
@@ -157,8 +157,8 @@ class CheckpointWriter final : public StateWriter {
 
 // Saves concrete `state` into the new directory `dir` (its parent must exist), atomically, with a
 // CheckpointWriter over the state's processes.
-void save(const std::filesystem::path& dir, const State& state, const SaveOptions& options = {});
-void save(const std::filesystem::path& dir, const StagedState& staged, const SaveOptions& options = {});
+void save(const Location& dir, const State& state, const SaveOptions& options = {});
+void save(const Location& dir, const StagedState& staged, const SaveOptions& options = {});
 
 struct RestoreOptions {
   bool partial = false;  // restore exactly the target's leaves; the checkpoint may hold more

@@ -31,7 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // The writer for `target` (abstract, keyed by the result's paths) in the format asked for.
-std::unique_ptr<StateWriter> make_writer(CheckpointFormat format, const fs::path& dst, const State& target,
+std::unique_ptr<StateWriter> make_writer(CheckpointFormat format, const Location& dst, const State& target,
                                          const ConvertOptions& options, const std::optional<LogicalRules>& rules) {
   if (format == CheckpointFormat::kSafetensors) return std::make_unique<SafetensorsWriter>(dst, target, options.safetensors);
   SaveOptions save = options.orbax;
@@ -39,7 +39,7 @@ std::unique_ptr<StateWriter> make_writer(CheckpointFormat format, const fs::path
   if (!options.as_step) return std::make_unique<CheckpointWriter>(dst, target, save);
   // A CheckpointManager step, written inside `dst`'s temporary directory (step_root).
   save.checkpoint_metadata = false;
-  const fs::path step_dir = dst / std::to_string(options.as_step->step);
+  const fs::path step_dir = dst.local("a directory of steps") / std::to_string(options.as_step->step);
   std::error_code ec;
   fs::create_directories(step_dir, ec);
   if (ec) throw IoError("cannot create '" + step_dir.string() + "': " + ec.message());
@@ -125,7 +125,7 @@ HostArray cast_host(HostArray h, DType dtype) {
 // forward; the slab of a stacked source each target needs backward; else a whole tensor) is read
 // from its source's box, made on the host and written as a block of its target, pieces in
 // parallel within a budget of host bytes, so no stacked tensor is ever whole in memory.
-ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, const ConvertOptions& options,
+ConvertReport convert_mapped(const CheckpointItem& src, const Location& dst, const ConvertOptions& options,
                              CheckpointFormat format) {
   const TargetSpec& spec = options.target;
   if (!spec.axis_map.empty() || !spec.paths.empty())
@@ -187,7 +187,7 @@ ConvertReport convert_mapped(const CheckpointItem& src, const fs::path& dst, con
   }
   add_extra(target, options.extra, on_host);
   std::optional<StepRoot> root;
-  if (options.as_step) root.emplace(dst);
+  if (options.as_step) root.emplace(dst.local("a directory of steps (MaxText's layout)"));
   std::unique_ptr<StateWriter> writer =
       make_writer(format, root ? root->tmp() : dst, target, writing, placed ? spec.rules : std::nullopt);
   RestoreOptions reading;
@@ -319,7 +319,7 @@ CheckpointFormat convert_format(const CheckpointItem& src, const ConvertOptions&
   return src.format() == StorageFormat::kSafetensors ? CheckpointFormat::kOrbax : CheckpointFormat::kSafetensors;
 }
 
-ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const fs::path& dst, const ConvertOptions& options) {
+ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const Location& dst, const ConvertOptions& options) {
   const CheckpointFormat format = convert_format(src, options);
   if (format == CheckpointFormat::kSafetensors && (options.as_step || !options.extra.empty()))
     throw ValueError("a step layout and extra leaves are Orbax's: safetensors holds tensors only");
@@ -359,7 +359,7 @@ ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const fs::pa
   State target = rename_prefixes(written, spec.rename);  // checks the renames before anything is written
   add_extra(target, options.extra, NamedSharding(*spec.mesh, {}));
   std::optional<StepRoot> root;
-  if (options.as_step) root.emplace(dst);
+  if (options.as_step) root.emplace(dst.local("a directory of steps (MaxText's layout)"));
   std::unique_ptr<StateWriter> writer = make_writer(format, root ? root->tmp() : dst, target, writing, spec.rules);
   // A batch of tensors (at most batch_bytes, or one larger tensor) is restored, written from its
   // blocks and dropped before the next, so memory stays near the largest tensor.

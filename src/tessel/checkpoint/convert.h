@@ -73,7 +73,7 @@ struct ConvertReport {
 // visible there until the end: a failure leaves no directory). Throws ValueError for options that
 // do not go together (a map with a mesh, extra leaves for safetensors), and whatever the target
 // ladder, the map, the restore or the writer throws, naming the tensor.
-ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const std::filesystem::path& dst,
+ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const Location& dst,
                       const ConvertOptions& options);
 
 // The format `options.to` names, or the other one than `src`'s.

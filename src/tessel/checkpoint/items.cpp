@@ -91,7 +91,10 @@ std::vector<int64_t> list_steps(const Location& root) {
   std::vector<int64_t> steps;
   for (const auto& entry : detail::list_directory(root)) {
     if (!entry.is_directory) continue;
-    if (auto step = parse_step(entry.name)) steps.push_back(*step);
+    const std::optional<int64_t> step = parse_step(entry.name);
+    // A bucket has no rename: a step is there once its commit marker is (Orbax's rule for object
+    // stores); the objects of an unfinished save are not a step.
+    if (step && (root.is_local() || detail::is_file(root / entry.name / detail::kCommitFile))) steps.push_back(*step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;

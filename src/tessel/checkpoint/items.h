@@ -19,7 +19,8 @@
 
 namespace tessel {
 
-// The committed steps under `root`, ascending (directories named by a decimal step).
+// The committed steps under `root`, ascending: directories named by a decimal step (in a bucket,
+// those holding `commit_success.txt`).
 std::vector<int64_t> list_steps(const Location& root);
 
 struct ItemInfo {

@@ -13,6 +13,7 @@
 #include "tessel/checkpoint/checkpointer.h"
 #include "tessel/checkpoint/detail/io/crc32c.h"
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/output.h"
 #include "tessel/checkpoint/detail/io/parallel.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
@@ -37,9 +38,8 @@ namespace {
 // finish() merges into the item's root database as Orbax does. put() may run in parallel.
 class KeyWriter {
  public:
-  KeyWriter(const fs::path& item_dir, const SaveOptions& options, int process)
-      : dir_(item_dir), durable_(options.durable) {
-    if (options.use_ocdbt) ocdbt_.emplace(item_dir / process_db(process), ocdbt_options(options));
+  KeyWriter(OutputDir& item, const SaveOptions& options, int process) : out_(item) {
+    if (options.use_ocdbt) ocdbt_.emplace(item.location() / process_db(process), ocdbt_options(options));
   }
   static std::string process_db(int process) { return "ocdbt.process_" + std::to_string(process); }
   static OcdbtWriteOptions ocdbt_options(const SaveOptions& options) {
@@ -48,47 +48,28 @@ class KeyWriter {
     return o;
   }
 
-  // Creates the directories a plain key needs (before the parallel puts).
-  void prepare(const std::string& key) {
-    if (ocdbt_) return;
-    fs::path dir = dir_;
-    const std::vector<std::string> parts = split_path(key);
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      dir = detail::child_path(dir, parts[i], "stored key");
-      if (dirs_.insert(dir).second) {
-        std::error_code ec;
-        fs::create_directory(dir, ec);
-        if (ec) throw IoError("cannot create '" + dir.string() + "': " + ec.message());
-      }
-    }
-  }
-
   void put(const std::string& key, std::span<const std::byte> bytes) {
     if (ocdbt_) {
       ocdbt_->put(key, bytes);
       return;
     }
-    detail::File f = detail::File::create(dir_ / key);
-    if (durable_) f.enable_direct_writes();  // the bytes go to the disk now anyway (see File)
-    f.write_at(0, bytes);
-    if (durable_) f.sync();
-    f.close();
+    std::unique_ptr<OutputFile> f = out_.create(key);
+    f->write_at(0, bytes);
+    f->finish();
   }
 
   // This process's keys are durable; the item's root database is still to be merged.
   void finish() {
     if (ocdbt_) {
       ocdbt_->commit();
-    } else if (durable_) {
-      for (const auto& d : dirs_) detail::sync_directory(d);
+    } else {
+      out_.sync();
     }
   }
 
  private:
-  fs::path dir_;
-  bool durable_;
+  OutputDir& out_;
   std::optional<OcdbtWriter> ocdbt_;
-  std::set<fs::path> dirs_;
 };
 
 std::span<const std::byte> as_bytes(const std::string& s) {
@@ -138,7 +119,7 @@ std::vector<EmptyNode> empty_nodes_of(const SaveOptions& options) {
   return out;
 }
 
-ItemLayout layout_of(const fs::path& item_dir, const State& abstract, const SaveOptions& options) {
+ItemLayout layout_of(const State& abstract, const SaveOptions& options) {
   static_assert(std::endian::native == std::endian::little, "stored indexes are little endian");
   if (options.max_chunk_bytes < 1) throw ValueError("max_chunk_bytes must be positive");
   if (options.compression.kind == Compression::Kind::kBlosc) {
@@ -155,7 +136,7 @@ ItemLayout layout_of(const fs::path& item_dir, const State& abstract, const Save
       throw ValueError("cannot save both '" + it->second + "' and '" + path + "': both would be stored as '" +
                        r.name + "' (Orbax joins path keys with '.')");
     }
-    child_path(item_dir, r.name, "parameter name");
+    child_path("item", r.name, "parameter name");  // a name the item directory can hold
     r.write_shape = sharding.shard_shape(v.shape());
     std::vector<size_t> sharded;
     for (size_t d = 0; d < v.shape().rank(); ++d) {
@@ -197,7 +178,6 @@ void write_chunks(KeyWriter& out, std::span<const HostBlock> blocks, DType dtype
   const std::string prefix = record.name + "/";
   for (size_t b = 0; b < blocks.size(); ++b) {
     for (auto& index : z.chunks_in(blocks[b].box)) {
-      out.prepare(prefix + z.chunk_key(index));
       tasks.push_back({b, std::move(index)});
     }
   }
@@ -242,21 +222,17 @@ void write_chunks(KeyWriter& out, std::span<const HostBlock> blocks, DType dtype
 
 void put_zarr_metadata(KeyWriter& out, const ParamRecord& r, const ZarrArray& z) {
   const std::string key = r.name + "/" + z.metadata_key();
-  out.prepare(key);
   out.put(key, as_bytes(z.to_json()));
 }
 
 // The item's metadata files, once every process's chunks (and databases) are in place.
-void write_item_metadata(const fs::path& item_dir, const std::vector<ParamRecord>& records, const Mesh& mesh,
+void write_item_metadata(OutputDir& item, const std::vector<ParamRecord>& records, const Mesh& mesh,
                          const SaveOptions& options) {
-  write_file(item_dir / "_sharding", sharding_json(records), options.durable);
-  fs::create_directory(item_dir / "array_metadatas");
-  write_file(item_dir / "array_metadatas" / "process_0", array_metadatas_json(records), options.durable);
-  if (options.durable) sync_directory(item_dir / "array_metadatas");
-  write_file(item_dir / "_METADATA", tree_metadata_json(records, empty_nodes_of(options), mesh, options.rules, options.use_ocdbt,
-                                                       options.use_zarr3),
-             options.durable);
-  if (options.durable) sync_directory(item_dir);
+  item.write("_sharding", sharding_json(records));
+  item.write("array_metadatas/process_0", array_metadatas_json(records));
+  item.write("_METADATA", tree_metadata_json(records, empty_nodes_of(options), mesh, options.rules, options.use_ocdbt,
+                                             options.use_zarr3));
+  item.sync();
 }
 
 }  // namespace
@@ -269,13 +245,13 @@ struct CheckpointWriter::Impl {
   int64_t init_ns = 0;
 };
 
-CheckpointWriter::CheckpointWriter(fs::path dir, const State& abstract, SaveOptions options, ProcessGroup* group)
+CheckpointWriter::CheckpointWriter(Location dir, const State& abstract, SaveOptions options, ProcessGroup* group)
     : StateWriter(std::move(dir), detail::kTmpSuffix, abstract, group, options.durable, /*fixed_shardings=*/true),
       impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->init_ns = detail::now_ns();
   // Every process derives the same layout; its errors come before anything is written.
-  impl_->layout = detail::layout_of(tmp(), layout(), impl_->options);
+  impl_->layout = detail::layout_of(layout(), impl_->options);
   start();
 }
 
@@ -283,7 +259,7 @@ CheckpointWriter::~CheckpointWriter() { impl_->out.reset(); }
 
 void CheckpointWriter::begin_process() {
   Impl& w = *impl_;
-  w.out.emplace(tmp(), w.options, group().index());
+  w.out.emplace(out(), w.options, group().index());
   if (!group().is_leader()) return;
   for (size_t i = 0; i < w.layout.records.size(); ++i) detail::put_zarr_metadata(*w.out, w.layout.records[i], w.layout.zarrs[i]);
 }
@@ -331,22 +307,20 @@ void CheckpointWriter::finish(const std::vector<std::string>& parts) {
     detail::merge_ocdbt(tmp(), dbs, detail::KeyWriter::ocdbt_options(w.options));
   }
   const auto& records = w.layout.records;
-  detail::write_item_metadata(tmp(), records, records.empty() ? Mesh({}) : records.front().sharding.mesh(), w.options);
-  if (w.options.checkpoint_metadata) {
-    detail::write_file(tmp() / detail::kCheckpointMetadata,
-                       detail::checkpoint_metadata_json({}, w.init_ns, detail::now_ns()), w.options.durable);
-  }
-  detail::write_file(tmp() / detail::kCommitFile, "Checkpoint commit was successful to " + dir().string(),
-                     w.options.durable);
+  detail::write_item_metadata(out(), records, records.empty() ? Mesh({}) : records.front().sharding.mesh(), w.options);
+  if (w.options.checkpoint_metadata)
+    out().write(detail::kCheckpointMetadata, detail::checkpoint_metadata_json({}, w.init_ns, detail::now_ns()));
+  // In a bucket StateWriter::commit writes it, last.
+  if (dir().is_local()) out().write(detail::kCommitFile, "Checkpoint commit was successful to " + dir().string());
 }
 
-void save(const fs::path& dir, const StagedState& staged, const SaveOptions& options) {
+void save(const Location& dir, const StagedState& staged, const SaveOptions& options) {
   CheckpointWriter writer(dir, staged.abstract(), options, &staged.processes());
   staged.write_to(writer);
   writer.commit();
 }
 
-void save(const fs::path& dir, const State& state, const SaveOptions& options) {
+void save(const Location& dir, const State& state, const SaveOptions& options) {
   save(dir, stage_in_place(state), options);
 }
 

@@ -46,7 +46,7 @@ struct SafetensorsSaveOptions {
 // `dir` exists, ValueError for a path level holding a '.' (it would read back as another tree).
 class SafetensorsWriter final : public StateWriter {
  public:
-  SafetensorsWriter(std::filesystem::path dir, const State& abstract, SafetensorsSaveOptions options = {},
+  SafetensorsWriter(Location dir, const State& abstract, SafetensorsSaveOptions options = {},
                     ProcessGroup* group = nullptr);
   ~SafetensorsWriter() override;
 
@@ -64,8 +64,8 @@ class SafetensorsWriter final : public StateWriter {
 };
 
 // Every leaf of `staged` (or `state`) through a SafetensorsWriter over its processes.
-void save_safetensors(const std::filesystem::path& dir, const StagedState& staged,
+void save_safetensors(const Location& dir, const StagedState& staged,
                       const SafetensorsSaveOptions& options = {});
-void save_safetensors(const std::filesystem::path& dir, const State& state, const SafetensorsSaveOptions& options = {});
+void save_safetensors(const Location& dir, const State& state, const SafetensorsSaveOptions& options = {});
 
 }  // namespace tessel

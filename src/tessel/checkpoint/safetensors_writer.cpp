@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/output.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/store/safetensors_file.h"
 #include "tessel/checkpoint/safetensors.h"
@@ -115,7 +116,7 @@ void write_header(const fs::path& path, const std::string& header, int64_t data_
 // This process's blocks of one tensor, at their places in C order. Rows of the tensor are
 // gathered into slabs when this process holds every block and the blocks' runs are short (a
 // column-sharded tensor); otherwise each run is written where it goes.
-void write_tensor(const detail::File& file, int64_t at, const Placed& t, std::span<const HostBlock> blocks,
+void write_tensor(detail::OutputFile& file, int64_t at, const Placed& t, std::span<const HostBlock> blocks,
                   std::vector<std::byte>& slab) {
   const int64_t item = static_cast<int64_t>(item_size(t.dtype));
   const Box full = Box::full(t.shape);
@@ -167,9 +168,13 @@ void create_files(const fs::path& tmp, const Layout& layout) {
   for (size_t f = 0; f < layout.files.size(); ++f) write_header(tmp / layout.files[f], layout.headers[f], layout.data_bytes[f]);
 }
 
-// The index, for several files.
-void write_index(const fs::path& tmp, const Layout& layout, bool durable) {
-  if (layout.files.size() > 1) detail::write_file(tmp / "model.safetensors.index.json", index_json(layout), durable);
+// The 8-byte length and the header, where a file's writer puts them itself (an object in a bucket).
+void put_header(detail::OutputFile& file, const std::string& header) {
+  std::string prefix(8, '\0');
+  const uint64_t n = header.size();
+  for (size_t i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  file.write_at(0, {reinterpret_cast<const std::byte*>(prefix.data()), prefix.size()});
+  file.write_at(8, {reinterpret_cast<const std::byte*>(header.data()), header.size()});
 }
 
 }  // namespace
@@ -178,11 +183,11 @@ struct SafetensorsWriter::Impl {
   SafetensorsSaveOptions options;
   Layout layout;
   std::vector<size_t> placed;  // layout leaf -> its tensor in layout.tensors
-  std::vector<detail::File> files;
+  std::vector<std::unique_ptr<detail::OutputFile>> files;
   std::vector<std::byte> slab;
 };
 
-SafetensorsWriter::SafetensorsWriter(fs::path dir, const State& abstract, SafetensorsSaveOptions options,
+SafetensorsWriter::SafetensorsWriter(Location dir, const State& abstract, SafetensorsSaveOptions options,
                                      ProcessGroup* group)
     : StateWriter(std::move(dir), kSafetensorsTmpSuffix, abstract, group, options.durable, /*fixed_shardings=*/false),
       impl_(std::make_unique<Impl>()) {
@@ -199,37 +204,49 @@ SafetensorsWriter::SafetensorsWriter(fs::path dir, const State& abstract, Safete
 
 SafetensorsWriter::~SafetensorsWriter() { impl_->files.clear(); }
 
-void SafetensorsWriter::begin_leader() { create_files(tmp(), impl_->layout); }
+void SafetensorsWriter::begin_leader() {
+  if (tmp().is_local()) create_files(tmp().local(), impl_->layout);
+}
 
 void SafetensorsWriter::begin_process() {
-  for (const std::string& f : impl_->layout.files) impl_->files.push_back(detail::File::open_write(tmp() / f));
+  Impl& w = *impl_;
+  if (!tmp().is_local() && group().count() > 1)
+    throw ValueError("saving '" + dir().string() + "': safetensors in a bucket are written by one process");
+  for (size_t f = 0; f < w.layout.files.size(); ++f) {
+    if (tmp().is_local()) {
+      w.files.push_back(out().open_existing(w.layout.files[f]));
+    } else {
+      w.files.push_back(out().create(w.layout.files[f]));
+      put_header(*w.files.back(), w.layout.headers[f]);
+    }
+  }
 }
 
 void SafetensorsWriter::write_blocks(size_t leaf, std::span<const HostBlock> blocks) {
   Impl& w = *impl_;
   const Placed& t = w.layout.tensors[w.placed[leaf]];
   const int64_t data_start = 8 + static_cast<int64_t>(w.layout.headers[t.file].size());
-  write_tensor(w.files[t.file], data_start + t.begin, t, blocks, w.slab);
+  write_tensor(*w.files[t.file], data_start + t.begin, t, blocks, w.slab);
 }
 
 std::string SafetensorsWriter::finish_process() {
-  for (detail::File& f : impl_->files) {
-    if (durable()) f.sync();
-    f.close();
-  }
+  for (auto& f : impl_->files) f->finish();
   impl_->files.clear();
   return {};
 }
 
-void SafetensorsWriter::finish(const std::vector<std::string>&) { write_index(tmp(), impl_->layout, durable()); }
+void SafetensorsWriter::finish(const std::vector<std::string>&) {
+  if (impl_->layout.files.size() > 1) out().write("model.safetensors.index.json", index_json(impl_->layout));
+  out().sync();
+}
 
-void save_safetensors(const fs::path& dir, const StagedState& staged, const SafetensorsSaveOptions& options) {
+void save_safetensors(const Location& dir, const StagedState& staged, const SafetensorsSaveOptions& options) {
   SafetensorsWriter writer(dir, staged.abstract(), options, &staged.processes());
   staged.write_to(writer);
   writer.commit();
 }
 
-void save_safetensors(const fs::path& dir, const State& state, const SafetensorsSaveOptions& options) {
+void save_safetensors(const Location& dir, const State& state, const SafetensorsSaveOptions& options) {
   save_safetensors(dir, stage_in_place(state), options);
 }
 

@@ -7,6 +7,9 @@
 #include <set>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/output.h"
+#include "tessel/checkpoint/detail/io/s3.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/staged.h"
 #include "tessel/core/error.h"
@@ -46,15 +49,14 @@ int64_t now_ns() {
 
 }  // namespace detail
 
-StateWriter::StateWriter(fs::path dir, std::string_view tmp_suffix, const State& abstract, ProcessGroup* group,
+StateWriter::StateWriter(Location dir, std::string_view tmp_suffix, const State& abstract, ProcessGroup* group,
                          bool durable, bool fixed_shardings)
-    : dir_(local_path(dir.string(), "checkpoint directory")),
+    : dir_(dir.is_local() ? Location(local_path(dir.local().string(), "checkpoint directory")) : std::move(dir)),
       layout_(abstract),
       durable_(durable),
       fixed_shardings_(fixed_shardings) {
   tmp_suffix_ = tmp_suffix;
-  tmp_ = dir_;
-  tmp_ += tmp_suffix_;
+  tmp_ = dir_.is_local() ? Location(fs::path(dir_.local()) += tmp_suffix_) : dir_;
   if (!group) own_group_ = std::make_unique<SingleProcessGroup>();
   group_ = group ? group : own_group_.get();
   for (const auto& [path, v] : layout_) {
@@ -68,10 +70,37 @@ StateWriter::StateWriter(fs::path dir, std::string_view tmp_suffix, const State&
   elements_written_.assign(paths_.size(), 0);
 }
 
-StateWriter::~StateWriter() {
-  if (started_ && !committed_ && group_->is_leader()) {
+namespace {
+
+// What a save finds at its destination: nothing, a committed checkpoint, or (in a bucket) the
+// objects of a save that never committed, removed as a stale temporary directory is.
+void clear_destination(const Location& dir, const std::string& tmp_suffix) {
+  if (dir.is_local()) {
     std::error_code ec;
-    fs::remove_all(tmp_, ec);  // best effort: a crash instead leaves it for the next cleanup
+    if (fs::exists(dir.local(), ec)) throw IoError("cannot save to '" + dir.string() + "': it already exists");
+    detail::begin_tmp_dir(dir.local(), tmp_suffix.c_str());
+    return;
+  }
+  if (detail::is_file(dir / detail::kCommitFile) || detail::is_file(dir))
+    throw IoError("cannot save to '" + dir.string() + "': it already exists");
+  if (detail::is_directory(dir)) detail::S3Client::current()->remove_all(dir.bucket(), dir.key() + "/");
+}
+
+}  // namespace
+
+StateWriter::~StateWriter() {
+  out_.reset();
+  if (started_ && !committed_ && group_->is_leader()) {
+    // Best effort: a crash instead leaves it for the next cleanup (or, in a bucket, uncommitted).
+    if (tmp_.is_local()) {
+      std::error_code ec;
+      fs::remove_all(tmp_.local(), ec);
+    } else {
+      try {
+        detail::S3Client::current()->remove_all(tmp_.bucket(), tmp_.key() + "/");
+      } catch (const Error&) {
+      }
+    }
   }
 }
 
@@ -79,14 +108,16 @@ void StateWriter::start() {
   const std::string where = "saving '" + dir_.string() + "'";
   run_together(*group_, where, [&] {
     if (!group_->is_leader()) return;
-    std::error_code ec;
-    if (fs::exists(dir_, ec)) throw IoError("cannot save to '" + dir_.string() + "': it already exists");
-    detail::begin_tmp_dir(dir_, tmp_suffix_.c_str());
+    clear_destination(dir_, tmp_suffix_);
     started_ = true;
+    out_ = detail::OutputDir::at(tmp_, durable_);
     begin_leader();
   });
   started_ = true;
-  run_together(*group_, where, [&] { begin_process(); });
+  run_together(*group_, where, [&] {
+    if (!out_) out_ = detail::OutputDir::at(tmp_, durable_);
+    begin_process();
+  });
 }
 
 void StateWriter::write(const std::string& path, const Array& array) {
@@ -172,7 +203,11 @@ void StateWriter::commit() {
   run_together(*group_, where, [&] {
     if (!group_->is_leader()) return;
     finish(parts);
-    detail::commit_tmp_dir(tmp_, dir_, durable_, /*commit_file=*/false);
+    if (dir_.is_local()) {
+      detail::commit_tmp_dir(tmp_.local(), dir_.local(), durable_, /*commit_file=*/false);
+    } else {
+      out_->write(detail::kCommitFile, "Checkpoint commit was successful to " + dir_.string());
+    }
   });
   committed_ = true;
 }

@@ -6,6 +6,11 @@
 // 0 commits once all have; a failure on one is thrown on all. The formats: CheckpointWriter
 // (Orbax, checkpointer.h) and SafetensorsWriter (safetensors.h).
 //
+// The directory may be a bucket prefix (s3://bucket/run/7). A bucket has no rename: the files go
+// straight to their place and commit() writes `commit_success.txt` last, the marker Orbax writes
+// on object stores; readers ignore steps without it, and a new save first removes what an
+// unfinished one left there.
+//
 //   std::unique_ptr<tessel::StateWriter> w = std::make_unique<tessel::SafetensorsWriter>("out", abstract);
 //   for (const auto& [path, v] : state) w->write(path, v.array());
 //   w->commit();
@@ -23,11 +28,15 @@
 #include <vector>
 
 #include "tessel/core/box.h"
+#include "tessel/core/location.h"
 #include "tessel/runtime/array.h"
 #include "tessel/runtime/process_group.h"
 #include "tessel/state/state.h"
 
 namespace tessel {
+namespace detail {
+class OutputDir;
+}
 
 // One block of a leaf in host memory: the row-major bytes of `box`.
 struct HostBlock {
@@ -54,20 +63,23 @@ class StateWriter {
   // result visible under dir(), durably.
   void commit();
 
-  const std::filesystem::path& dir() const { return dir_; }
+  const Location& dir() const { return dir_; }
   const State& layout() const { return layout_; }
 
  protected:
   // `tmp_suffix` names the temporary directory (`<dir><suffix>`) the files go to until commit.
   // `fixed_shardings`: the format stores the layout's shardings, so arrays must come in them.
   // `group` nullptr: this process alone.
-  StateWriter(std::filesystem::path dir, std::string_view tmp_suffix, const State& abstract, ProcessGroup* group,
-              bool durable, bool fixed_shardings);
+  StateWriter(Location dir, std::string_view tmp_suffix, const State& abstract, ProcessGroup* group, bool durable,
+              bool fixed_shardings);
   // The derived constructor calls this last: the leader creates the temporary directory and runs
   // begin_leader(), then every process begin_process(), each step a meeting of all processes.
   void start();
 
-  const std::filesystem::path& tmp() const { return tmp_; }
+  // Where the files go until commit: `<dir><suffix>` for a local directory, dir() itself in a bucket.
+  const Location& tmp() const { return tmp_; }
+  // tmp() to write into (from begin_process on, on every process).
+  detail::OutputDir& out() const { return *out_; }
   ProcessGroup& group() const { return *group_; }
   bool durable() const { return durable_; }
   // The leaves in layout order (State order); write_blocks gets an index into it.
@@ -88,7 +100,8 @@ class StateWriter {
   virtual void finish(const std::vector<std::string>& parts) = 0;
 
  private:
-  std::filesystem::path dir_, tmp_;
+  Location dir_, tmp_;
+  std::shared_ptr<detail::OutputDir> out_;
   std::string tmp_suffix_;
   State layout_;
   std::vector<std::string> paths_;

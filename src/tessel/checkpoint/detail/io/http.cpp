@@ -89,7 +89,13 @@ HttpResponse http_send(const HttpRequest& request, std::span<std::byte> into) {
     (void)headers.release();
     headers.reset(l);
   };
-  for (const auto& [name, value] : request.headers) add(name + ": " + value);
+  bool typed = false;
+  for (const auto& [name, value] : request.headers) {
+    add(name + ": " + value);
+    typed = typed || name == "content-type";
+  }
+  // Else curl's POST sends a form's type, and servers parse the bytes as form fields.
+  if (!typed && (request.method == "PUT" || request.method == "POST")) add("Content-Type: application/octet-stream");
   // curl adds "Expect: 100-continue" to large uploads; S3-compatible servers differ in how they
   // answer it, and a request is retried whole anyway.
   add("Expect:");

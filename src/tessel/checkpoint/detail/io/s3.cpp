@@ -110,6 +110,27 @@ void back_off(int attempt) {
 
 }  // namespace
 
+S3Listing parse_list_page(std::string_view body, const std::string& where, std::string* next) {
+  pugi::xml_document doc;
+  if (!doc.load_buffer(body.data(), body.size())) throw IoError(where + ": the server's answer is not XML");
+  const pugi::xml_node result = doc.child("ListBucketResult");
+  if (!result) throw IoError(where + ": no ListBucketResult in the server's answer");
+  S3Listing out;
+  for (pugi::xml_node c : result.children("Contents")) {
+    const std::string size_text = c.child_value("Size");
+    char* end = nullptr;
+    const long long size = std::strtoll(size_text.c_str(), &end, 10);
+    if (size_text.empty() || *end != '\0' || size < 0)
+      throw IoError(fmt::format("{}: object '{}' has the size '{}'", where, c.child_value("Key"), size_text));
+    out.objects.emplace_back(c.child_value("Key"), size);
+  }
+  for (pugi::xml_node p : result.children("CommonPrefixes")) out.prefixes.emplace_back(p.child_value("Prefix"));
+  *next = std::string(result.child_value("IsTruncated")) == "true" ? result.child_value("NextContinuationToken") : "";
+  if (std::string(result.child_value("IsTruncated")) == "true" && next->empty())
+    throw IoError(where + ": a truncated listing without a continuation token");
+  return out;
+}
+
 S3Config S3Config::from_environment() {
   S3Config c;
   std::string profile = env("AWS_PROFILE");
@@ -329,18 +350,16 @@ S3Listing S3Client::list(const std::string& bucket, const std::string& prefix, c
     if (max_keys > 0) query["max-keys"] = std::to_string(max_keys);
     const Result r = send("GET", bucket, "", query, {}, {});
     if (r.response.status != 200) fail(r, "listing " + where);
-    pugi::xml_document doc;
-    if (!doc.load_buffer(r.response.body.data(), r.response.body.size()))
-      throw IoError("listing " + where + ": the server's answer is not XML");
-    const pugi::xml_node result = doc.child("ListBucketResult");
-    if (!result) throw IoError("listing " + where + ": no ListBucketResult in the server's answer");
-    for (pugi::xml_node c : result.children("Contents")) {
-      out.objects.emplace_back(c.child_value("Key"), std::atoll(c.child_value("Size")));
+    S3Listing page = parse_list_page(r.response.body, "listing " + where, &token);
+    for (auto& o : page.objects) {
+      if (!o.first.starts_with(prefix)) throw IoError(fmt::format("listing {}: the server listed '{}'", where, o.first));
+      out.objects.push_back(std::move(o));
     }
-    for (pugi::xml_node p : result.children("CommonPrefixes")) out.prefixes.emplace_back(p.child_value("Prefix"));
-    token = std::string(result.child_value("IsTruncated")) == "true" && max_keys <= 0
-                ? result.child_value("NextContinuationToken")
-                : "";
+    for (auto& p : page.prefixes) {
+      if (!p.starts_with(prefix)) throw IoError(fmt::format("listing {}: the server listed '{}'", where, p));
+      out.prefixes.push_back(std::move(p));
+    }
+    if (max_keys > 0) token.clear();
   } while (!token.empty());
   return out;
 }
@@ -354,6 +373,52 @@ void S3Client::remove(const std::string& bucket, const std::string& key) const {
   const Result r = send("DELETE", bucket, key, {}, {}, {});
   if (r.response.status != 204 && r.response.status != 200 && r.response.status != 404)
     fail(r, fmt::format("deleting s3://{}/{}", bucket, key));
+}
+
+void S3Client::remove_all(const std::string& bucket, const std::string& prefix) const {
+  for (const auto& [key, size] : list(bucket, prefix, "").objects) remove(bucket, key);
+}
+
+std::string S3Client::start_upload(const std::string& bucket, const std::string& key) const {
+  const std::string where = fmt::format("starting an upload of s3://{}/{}", bucket, key);
+  const Result r = send("POST", bucket, key, {{"uploads", ""}}, {}, {});
+  if (r.response.status != 200) fail(r, where);
+  pugi::xml_document doc;
+  std::string id;
+  if (doc.load_buffer(r.response.body.data(), r.response.body.size()))
+    id = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
+  if (id.empty()) throw IoError(where + ": the server's answer has no UploadId");
+  return id;
+}
+
+std::string S3Client::upload_part(const std::string& bucket, const std::string& key, const std::string& upload_id,
+                                  int part_number, std::span<const std::byte> bytes) const {
+  const Result r = send("PUT", bucket, key, {{"partNumber", std::to_string(part_number)}, {"uploadId", upload_id}},
+                        {{"content-md5", md5_base64(bytes)}}, bytes);
+  const std::string where = fmt::format("uploading part {} of s3://{}/{}", part_number, bucket, key);
+  if (r.response.status != 200) fail(r, where);
+  const std::string etag = r.response.header("etag");
+  if (etag.empty()) throw IoError(where + ": the server's answer has no ETag");
+  return etag;
+}
+
+void S3Client::complete_upload(const std::string& bucket, const std::string& key, const std::string& upload_id,
+                               const std::vector<std::string>& etags) const {
+  std::string doc = "<CompleteMultipartUpload>";
+  for (size_t i = 0; i < etags.size(); ++i)
+    doc += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", i + 1, etags[i]);
+  doc += "</CompleteMultipartUpload>";
+  const auto body = std::as_bytes(std::span(doc.data(), doc.size()));
+  const Result r = send("POST", bucket, key, {{"uploadId", upload_id}}, {}, body);
+  const std::string where = fmt::format("completing the upload of s3://{}/{}", bucket, key);
+  // S3 may answer 200 and still fail: the error document comes in the body.
+  if (r.response.status != 200 || r.response.body.find("<Error>") != std::string::npos) fail(r, where);
+}
+
+void S3Client::abort_upload(const std::string& bucket, const std::string& key, const std::string& upload_id) const {
+  const Result r = send("DELETE", bucket, key, {{"uploadId", upload_id}}, {}, {});
+  if (r.response.status != 204 && r.response.status != 200 && r.response.status != 404)
+    fail(r, fmt::format("aborting the upload of s3://{}/{}", bucket, key));
 }
 
 }  // namespace tessel::detail

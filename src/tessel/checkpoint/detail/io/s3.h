@@ -64,6 +64,11 @@ struct S3Listing {
   std::vector<std::string> prefixes;                     // common prefixes, ending with the delimiter
 };
 
+// One ListObjectsV2 page (bytes a server sent, so anything: the fuzzers' entry point): its objects
+// and common prefixes, `next` set to the continuation token ("" on the last page). Throws IoError
+// naming `where` for an answer that is no listing.
+S3Listing parse_list_page(std::string_view body, const std::string& where, std::string* next);
+
 class S3Client {
  public:
   explicit S3Client(S3Config config) : config_(std::move(config)) {}
@@ -83,6 +88,18 @@ class S3Client {
                  int max_keys = 0) const;
   void put(const std::string& bucket, const std::string& key, std::span<const std::byte> bytes) const;
   void remove(const std::string& bucket, const std::string& key) const;
+  // Every object below `prefix` (a '/'-terminated "directory"), deleted.
+  void remove_all(const std::string& bucket, const std::string& prefix) const;
+
+  // A multipart upload: parts numbered from 1, each but the last at least 5 MiB; the object
+  // appears at complete(), and abort() discards the parts.
+  std::string start_upload(const std::string& bucket, const std::string& key) const;
+  // The part's ETag, for complete().
+  std::string upload_part(const std::string& bucket, const std::string& key, const std::string& upload_id,
+                          int part_number, std::span<const std::byte> bytes) const;
+  void complete_upload(const std::string& bucket, const std::string& key, const std::string& upload_id,
+                       const std::vector<std::string>& etags) const;
+  void abort_upload(const std::string& bucket, const std::string& key, const std::string& upload_id) const;
 
  private:
   struct Result {

@@ -109,7 +109,8 @@ struct OcdbtWriteOptions {
 
 class OcdbtWriter {
  public:
-  explicit OcdbtWriter(std::filesystem::path dir, OcdbtWriteOptions options = {});
+  // A database in `dir`, local (created if missing) or in a bucket.
+  explicit OcdbtWriter(const Location& dir, OcdbtWriteOptions options = {});
   ~OcdbtWriter();
   OcdbtWriter(const OcdbtWriter&) = delete;
   OcdbtWriter& operator=(const OcdbtWriter&) = delete;
@@ -130,8 +131,7 @@ class OcdbtWriter {
 // The root database of `root` over the committed databases in root/<subdir> for each of
 // `subdirs` (e.g. "ocdbt.process_0"): Orbax's finalize step. Throws ValueError for a key that
 // two of them hold.
-void merge_ocdbt(const std::filesystem::path& root, const std::vector<std::string>& subdirs,
-                 OcdbtWriteOptions options = {});
+void merge_ocdbt(const Location& root, const std::vector<std::string>& subdirs, OcdbtWriteOptions options = {});
 
 // The decoders, over bytes that may be anything (the fuzzers' entry points). `what` names the
 // source in errors. A manifest of kind 1 (numbered) decodes to its config only.

@@ -12,6 +12,8 @@
 
 #include "tessel/checkpoint/detail/io/crc32c.h"
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/output.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/store/ocdbt.h"
 #include "tessel/checkpoint/detail/store/ocdbt_format.h"
 #include "tessel/core/error.h"
@@ -124,7 +126,8 @@ void write_keys(Writer& w, const std::vector<std::string_view>& keys, const std:
 }  // namespace
 
 struct OcdbtWriter::Impl {
-  fs::path dir;
+  std::shared_ptr<OutputDir> out;
+  const Location& dir() const { return out->location(); }
   OcdbtWriteOptions options;
   struct Value {
     std::string key;
@@ -139,7 +142,7 @@ struct OcdbtWriter::Impl {
   // The data files this writer fills. A put takes an idle one for the time of its write: writes
   // to one file serialize on its inode lock, so parallel puts need files of their own.
   struct DataFile {
-    std::shared_ptr<detail::File> file;
+    std::shared_ptr<OutputFile> file;
     int id = 0;  // in `files`
     uint64_t filled = 0;
   };
@@ -154,7 +157,7 @@ struct OcdbtWriter::Impl {
   }
 
   void check_open(std::string_view key) const {
-    if (committed) throw ValueError("the OCDBT database in '" + dir.string() + "' is already committed");
+    if (committed) throw ValueError("the OCDBT database in '" + dir().string() + "' is already committed");
     if (key.size() > 65535) throw ValueError("OCDBT key of " + std::to_string(key.size()) + " bytes (at most 65535)");
   }
 
@@ -249,18 +252,18 @@ struct OcdbtWriter::Impl {
   }
 };
 
-OcdbtWriter::OcdbtWriter(fs::path dir, OcdbtWriteOptions options) : impl_(std::make_unique<Impl>()) {
+OcdbtWriter::OcdbtWriter(const Location& dir, OcdbtWriteOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.max_node_entries < 2) throw ValueError("OCDBT nodes need room for at least 2 entries");
   if (options.max_inline_value_bytes > kMaxInlineValue) throw ValueError("inline OCDBT values are limited to 1 MiB");
   if (options.target_data_file_bytes < 1) throw ValueError("OCDBT data files need a positive target size");
-  impl_->dir = std::move(dir);
   impl_->options = options;
-  std::error_code ec;
-  fs::create_directories(impl_->dir / "d", ec);
-  if (ec) throw IoError("cannot create '" + (impl_->dir / "d").string() + "': " + ec.message());
-  if (fs::exists(impl_->dir / "manifest.ocdbt")) {
-    throw IoError("'" + impl_->dir.string() + "' already holds an OCDBT database");
+  if (dir.is_local()) {
+    std::error_code ec;
+    fs::create_directories(dir.local(), ec);
+    if (ec) throw IoError("cannot create '" + dir.string() + "': " + ec.message());
   }
+  impl_->out = OutputDir::at(dir, options.durable);
+  if (impl_->out->exists("manifest.ocdbt")) throw IoError("'" + dir.string() + "' already holds an OCDBT database");
 }
 
 OcdbtWriter::~OcdbtWriter() = default;
@@ -271,8 +274,8 @@ void OcdbtWriter::put(std::string key, std::string_view value) {
 
 void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
   Impl& m = *impl_;
-  std::shared_ptr<detail::File> file;
-  uint64_t offset = 0;
+  std::shared_ptr<OutputFile> file;
+  uint64_t offset = 0, gap = 0;
   size_t slot = 0;
   {
     std::lock_guard lock(m.mu);
@@ -299,19 +302,19 @@ void OcdbtWriter::put(std::string key, std::span<const std::byte> value) {
     } else {
       const std::string name = random_file_name();
       slot = m.written.size();
-      auto created = std::make_shared<detail::File>(detail::File::create(m.dir / name));
-      if (m.options.durable) created->enable_direct_writes();  // the bytes go to the disk now anyway (see File)
+      std::shared_ptr<OutputFile> created = m.out->create(name);
       m.written.push_back({std::move(created), m.file_id({"", name}), 0});
     }
     Impl::DataFile& f = m.written[slot];
     file = f.file;
     offset = start_of(f.filled);
+    gap = offset - f.filled;
     f.filled = offset + value.size();
     m.values.push_back({std::move(key), f.id, {}, offset, value.size()});
   }
-  // Outside the lock: each writer fills its own file and starts its writeback.
+  // Outside the lock: each writer fills its own file (a local one starts its writeback).
+  if (gap > 0) file->skip(static_cast<int64_t>(offset - gap), static_cast<int64_t>(gap));
   file->write_at(static_cast<int64_t>(offset), value);
-  if (m.options.durable) file->start_writeback(static_cast<int64_t>(offset), static_cast<int64_t>(value.size()));
   std::lock_guard lock(m.mu);
   m.idle.push_back(slot);
 }
@@ -335,15 +338,12 @@ void OcdbtWriter::copy_from(const OcdbtDatabase& db, const std::string& subdir) 
 void OcdbtWriter::commit() {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
-  if (m.committed) throw ValueError("the OCDBT database in '" + m.dir.string() + "' is already committed");
+  if (m.committed) throw ValueError("the OCDBT database in '" + m.dir().string() + "' is already committed");
   std::stable_sort(m.values.begin(), m.values.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
   for (size_t i = 1; i < m.values.size(); ++i) {
     if (m.values[i].key == m.values[i - 1].key) throw ValueError("OCDBT key '" + m.values[i].key + "' put twice");
   }
-  for (const auto& f : m.written) {
-    if (m.options.durable) f.file->sync();
-    f.file->close();
-  }
+  for (const auto& f : m.written) f.file->finish();
   m.node_file_name = random_file_name();
   OcdbtVersion version;
   version.generation = 1;
@@ -371,10 +371,9 @@ void OcdbtWriter::commit() {
     version.num_keys = root.num_keys;
     version.num_tree_bytes = root.tree_bytes;
     version.num_indirect_value_bytes = root.indirect_bytes;
-    detail::File f = detail::File::create(m.dir / m.node_file_name);
-    f.write_all(m.node_data);
-    if (m.options.durable) f.sync();
-    f.close();
+    std::unique_ptr<OutputFile> f = m.out->create(m.node_file_name);
+    f->write_at(0, m.node_data);
+    f->finish();
   } else {
     version.root_offset = version.root_length = kMissing;  // an empty tree
   }
@@ -401,17 +400,22 @@ void OcdbtWriter::commit() {
   w.le(version.commit_time_ns, 8);
   w.varint(0);
   const std::vector<std::byte> blob = seal_envelope(kManifestMagic, w.out(), m.options.zstd);
-  if (m.options.durable) detail::sync_directory(m.dir / "d");
-  const fs::path tmp = m.dir / "manifest.ocdbt.tmp";
-  detail::write_file(tmp, std::string_view(reinterpret_cast<const char*>(blob.data()), blob.size()), m.options.durable);
-  std::error_code ec;
-  fs::rename(tmp, m.dir / "manifest.ocdbt", ec);
-  if (ec) throw IoError("cannot rename '" + tmp.string() + "' to manifest.ocdbt: " + ec.message());
-  if (m.options.durable) detail::sync_directory(m.dir);
+  const std::string_view manifest(reinterpret_cast<const char*>(blob.data()), blob.size());
+  if (m.dir().is_local()) {
+    m.out->sync();
+    const fs::path tmp = m.dir().local() / "manifest.ocdbt.tmp";
+    detail::write_file(tmp, manifest, m.options.durable);
+    std::error_code ec;
+    fs::rename(tmp, m.dir().local() / "manifest.ocdbt", ec);
+    if (ec) throw IoError("cannot rename '" + tmp.string() + "' to manifest.ocdbt: " + ec.message());
+    if (m.options.durable) detail::sync_directory(m.dir().local());
+  } else {
+    m.out->write("manifest.ocdbt", manifest);  // an object appears whole
+  }
   m.committed = true;
 }
 
-void merge_ocdbt(const fs::path& root, const std::vector<std::string>& subdirs, OcdbtWriteOptions options) {
+void merge_ocdbt(const Location& root, const std::vector<std::string>& subdirs, OcdbtWriteOptions options) {
   OcdbtWriter w(root, options);
   for (const auto& sub : subdirs) w.copy_from(OcdbtDatabase::open(root / sub), sub);
   w.commit();
