@@ -250,7 +250,9 @@ void train(const TrainArgs& a) {
       state = ckpt->restore(rt, *latest, abstract);
     }
     // A MaxText run records no data position: tessel's data order continues from the step.
-    const bool has_position = std::filesystem::exists(ckpt->item_dir(*latest, "data"));
+    const std::vector<ItemInfo> items = list_items(ckpt->step_dir(*latest));
+    const bool has_position =
+        std::any_of(items.begin(), items.end(), [](const ItemInfo& i) { return i.name == "data"; });
     position = has_position ? nn::DataPosition::from_json(ckpt->restore_json(*latest, "data"), data ? &*data : nullptr)
                             : nn::DataPosition{.seed = a.seed, .step = start};
     if (position.step != start) {
@@ -366,7 +368,8 @@ void add_train_command(CLI::App& app) {
   c->add_option("--weight-decay", args->weight_decay, "AdamW's decoupled weight decay")->capture_default_str();
   c->add_option("--seed", args->seed, "Seed of the parameters and of the data order")->capture_default_str();
   path_option(c->add_option("--data", args->data, "Training text (default: /usr/share/common-licenses/GPL-3)"));
-  path_option(c->add_option("--checkpoint-dir", args->checkpoint_dir, "Save checkpoints here (Orbax layout)"));
+  location_option(c->add_option("--checkpoint-dir", args->checkpoint_dir,
+                                "Save checkpoints here (Orbax layout), local or s3://bucket/prefix"));
   c->add_option("--layout", args->layout,
                 "Checkpoint layout: tessel (the train state as item 'default') or maxtext (MaxText's TrainState as "
                 "item 'items': params/params/..., opt_state/0/{count,mu,nu}, step)")

@@ -61,7 +61,7 @@ TEST(PathCli, EveryPathOptionRefusesAUrlOrTakesABucketAndWritesNothing) {
       {"dir", "ckpt convert {url} out", true},
       {"dst", "ckpt convert {item} {url}", true},
       {"--map", "ckpt convert {item} out --map {url}"},
-      {"--checkpoint-dir", "train --checkpoint-dir {url} --steps 4"},
+      {"--checkpoint-dir", "train --checkpoint-dir {url} --steps 4", true},
       {"--data", "train --data {url} --steps 1"},
       {"--init-from", "train --init-from {url} --steps 1", true},
       {"--metrics", "train --metrics {url} --steps 1"},

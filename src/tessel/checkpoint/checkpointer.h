@@ -203,10 +203,10 @@ State restore(const Runtime& rt, const CheckpointItem& item, const State& target
 State restore(const Runtime& rt, const CheckpointItem& item, const TargetSpec& spec, const RestoreOptions& options = {},
               RestoreStats* stats = nullptr);
 // The same for CheckpointItem::open(item_dir).
-State restore(const Runtime& rt, const std::filesystem::path& item_dir, const State& target,
-              const RestoreOptions& options = {}, RestoreStats* stats = nullptr);
-State restore(const Runtime& rt, const std::filesystem::path& item_dir, const TargetSpec& spec,
-              const RestoreOptions& options = {}, RestoreStats* stats = nullptr);
+State restore(const Runtime& rt, const Location& item_dir, const State& target, const RestoreOptions& options = {},
+              RestoreStats* stats = nullptr);
+State restore(const Runtime& rt, const Location& item_dir, const TargetSpec& spec, const RestoreOptions& options = {},
+              RestoreStats* stats = nullptr);
 
 // Reads every chunk of every array, checks sizes, decoding and CRC-32C. One line per fault,
 // naming the parameter and the chunk; empty when the item is sound. `checksums` counts the chunks

@@ -10,6 +10,9 @@
 #include <iostream>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/output.h"
+#include "tessel/checkpoint/detail/io/s3.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
 #include "tessel/core/error.h"
@@ -23,15 +26,22 @@ namespace {
 
 constexpr const char* kJsonFile = "metadata";  // Orbax's JsonCheckpointHandler file name
 
+Location checked_root(const Location& root) {
+  return root.is_local() ? Location(local_path(root.local().string(), "checkpoint directory")) : root;
+}
+
+// Every object below a bucket location ("directory").
+void remove_below(const Location& dir) { detail::S3Client::current()->remove_all(dir.bucket(), dir.key() + "/"); }
+
 }  // namespace
 
-CheckpointManager::CheckpointManager(fs::path root, CheckpointManagerOptions options)
-    : root_(local_path(root.string(), "checkpoint directory")), options_(std::move(options)), group_(std::make_unique<SingleProcessGroup>()) {
+CheckpointManager::CheckpointManager(Location root, CheckpointManagerOptions options)
+    : root_(checked_root(root)), options_(std::move(options)), group_(std::make_unique<SingleProcessGroup>()) {
   open();
 }
 
-CheckpointManager::CheckpointManager(const Runtime& rt, fs::path root, CheckpointManagerOptions options)
-    : root_(local_path(root.string(), "checkpoint directory")), options_(std::move(options)), group_(rt.new_process_group()) {
+CheckpointManager::CheckpointManager(const Runtime& rt, Location root, CheckpointManagerOptions options)
+    : root_(checked_root(root)), options_(std::move(options)), group_(rt.new_process_group()) {
   open();
 }
 
@@ -49,9 +59,9 @@ void write_step_metadata(const fs::path& step_dir, const std::vector<std::string
 void CheckpointManager::open() {
   if (options_.max_to_keep && *options_.max_to_keep < 1) throw ValueError("max_to_keep must be at least 1");
   if (options_.keep_period && *options_.keep_period < 1) throw ValueError("keep_period must be at least 1");
-  detail::child_path(root_, options_.item_name, "item name");
+  detail::child_path("root", options_.item_name, "item name");
   if (options_.read_only) {
-    if (!fs::is_directory(root_)) throw IoError("'" + root_.string() + "' is not a checkpoint directory");
+    if (!detail::is_directory(root_)) throw IoError("'" + root_.string() + "' is not a checkpoint directory");
     return;
   }
   run_together(*group_, "opening the checkpoint directory '" + root_.string() + "'", [&] {
@@ -60,10 +70,21 @@ void CheckpointManager::open() {
 }
 
 void CheckpointManager::lock_and_clean() {
+  if (!root_.is_local()) {
+    // What a crashed save left: steps without their commit marker.
+    for (const auto& e : detail::list_directory(root_)) {
+      const Location step = root_ / e.name;
+      if (e.is_directory && !e.name.empty() && e.name.find_first_not_of("0123456789") == std::string::npos &&
+          !detail::is_file(step / detail::kCommitFile))
+        remove_below(step);
+    }
+    return;
+  }
+  const fs::path& root = root_.local();
   std::error_code ec;
-  fs::create_directories(root_, ec);
+  fs::create_directories(root, ec);
   if (ec) throw IoError("cannot create '" + root_.string() + "': " + ec.message());
-  const fs::path lock = root_ / ".tessel-lock";
+  const fs::path lock = root / ".tessel-lock";
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) throw IoError("cannot open '" + lock.string() + "': " + std::strerror(errno));
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -72,7 +93,7 @@ void CheckpointManager::lock_and_clean() {
     throw IoError("another CheckpointManager is writing to '" + root_.string() + "' (it holds " + lock.string() + ")");
   }
   // What a crashed save or deletion left behind; never visible as a step.
-  for (const auto& entry : fs::directory_iterator(root_)) {
+  for (const auto& entry : fs::directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
     if (name.size() > std::strlen(detail::kTmpSuffix) && name.ends_with(detail::kTmpSuffix)) {
       fs::remove_all(entry.path(), ec);
@@ -93,10 +114,11 @@ CheckpointManager::~CheckpointManager() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
-fs::path CheckpointManager::step_dir(int64_t step) const { return root_ / std::to_string(step); }
+Location CheckpointManager::step_dir(int64_t step) const { return root_ / std::to_string(step); }
 
-fs::path CheckpointManager::item_dir(int64_t step, const std::string& item) const {
-  return detail::child_path(step_dir(step), item, "item name");
+Location CheckpointManager::item_dir(int64_t step, const std::string& item) const {
+  detail::child_path("step", item, "item name");
+  return step_dir(step) / item;
 }
 
 void CheckpointManager::surface_error() {
@@ -116,12 +138,11 @@ void CheckpointManager::wait() {
 void CheckpointManager::check_request(int64_t step, const std::map<std::string, std::string>& json_items) {
   if (options_.read_only) throw ValueError("the CheckpointManager for '" + root_.string() + "' is read-only");
   if (step < 0) throw ValueError("a checkpoint step must be non-negative, not " + std::to_string(step));
-  if (fs::exists(step_dir(step))) {
-    throw ValueError("step " + std::to_string(step) + " already exists in '" + root_.string() + "'");
-  }
+  const bool there = root_.is_local() ? detail::exists(step_dir(step)) : detail::is_file(step_dir(step) / detail::kCommitFile);
+  if (there) throw ValueError("step " + std::to_string(step) + " already exists in '" + root_.string() + "'");
   for (const auto& [name, text] : json_items) {
     if (name == options_.item_name) throw ValueError("the item name '" + name + "' is the state's own");
-    detail::child_path(root_, name, "item name");
+    detail::child_path("root", name, "item name");
     json_util::parse(text, "item '" + name + "'");
   }
 }
@@ -136,15 +157,21 @@ void CheckpointManager::write_step(int64_t step, const StagedState& staged,
   }
   const bool durable = options_.save.durable;
   const int64_t init = detail::now_ns();
-  const fs::path final_dir = step_dir(step);
-  const fs::path tmp = fs::path(final_dir) += detail::kTmpSuffix;
+  const Location final_dir = step_dir(step);
+  // A local step is written in a temporary directory and renamed; a bucket's in place.
+  const Location tmp = root_.is_local() ? Location(fs::path(final_dir.local()) += detail::kTmpSuffix) : final_dir;
   const std::string& item = options_.item_name;
   const std::string where = "saving step " + std::to_string(step) + " to '" + root_.string() + "'";
   run_together(g, where, [&] {
-    if (g.is_leader()) detail::begin_tmp_dir(final_dir);
+    if (!g.is_leader()) return;
+    if (root_.is_local()) {
+      detail::begin_tmp_dir(final_dir.local());
+    } else if (detail::is_directory(final_dir)) {
+      remove_below(final_dir);  // an unfinished save of this step
+    }
   });
   // The state's item: every process writes its blocks, process 0 commits it inside the step's
-  // temporary directory once all are durable; a crash before the step's rename leaves no step.
+  // temporary directory once all are durable; a crash before the step's commit leaves no step.
   SaveOptions options = options_.save;
   options.checkpoint_metadata = false;  // the step has it
   CheckpointWriter writer(tmp / item, staged.abstract(), options, &g);
@@ -153,15 +180,23 @@ void CheckpointManager::write_step(int64_t step, const StagedState& staged,
   run_together(g, where, [&] {
     if (!g.is_leader()) return;
     std::map<std::string, std::string> handlers{{item, detail::kPyTreeHandler}};
+    const std::shared_ptr<detail::OutputDir> out = detail::OutputDir::at(tmp, durable);
     for (const auto& [name, text] : json_items) {
-      const fs::path item_tmp = detail::begin_tmp_dir(tmp / name);
-      detail::write_file(item_tmp / kJsonFile, text, durable);
-      detail::commit_tmp_dir(item_tmp, tmp / name, durable);
+      if (root_.is_local()) {
+        const fs::path item_tmp = detail::begin_tmp_dir(tmp.local() / name);
+        detail::write_file(item_tmp / kJsonFile, text, durable);
+        detail::commit_tmp_dir(item_tmp, tmp.local() / name, durable);
+      } else {
+        out->write(name + "/" + kJsonFile, text);
+      }
       handlers[name] = detail::kJsonHandler;
     }
-    detail::write_file(tmp / detail::kCheckpointMetadata,
-                       detail::checkpoint_metadata_json(handlers, init, detail::now_ns()), durable);
-    detail::commit_tmp_dir(tmp, final_dir, durable);
+    out->write(detail::kCheckpointMetadata, detail::checkpoint_metadata_json(handlers, init, detail::now_ns()));
+    if (root_.is_local()) {
+      detail::commit_tmp_dir(tmp.local(), final_dir.local(), durable);
+    } else {
+      out->write(detail::kCommitFile, "Checkpoint commit was successful to " + final_dir.string());
+    }
     apply_retention(step);
   });
 }
@@ -174,11 +209,17 @@ void CheckpointManager::apply_retention(int64_t just_saved) {
   for (size_t i = 0; i + keep < steps.size(); ++i) {
     const int64_t s = steps[i];
     if (s == just_saved || (options_.keep_period && s % *options_.keep_period == 0)) continue;
+    if (!root_.is_local()) {
+      // The marker first: the step is gone from the listing before its objects are.
+      detail::S3Client::current()->remove(root_.bucket(), (step_dir(s) / detail::kCommitFile).key());
+      remove_below(step_dir(s));
+      continue;
+    }
     // Renamed out of sight first: a crash mid-removal leaves a leftover, not a half step.
-    fs::path doomed = step_dir(s);
+    fs::path doomed = step_dir(s).local();
     doomed += detail::kTmpSuffix;
     std::error_code ec;
-    fs::rename(step_dir(s), doomed, ec);
+    fs::rename(step_dir(s).local(), doomed, ec);
     if (ec) throw IoError("cannot remove step " + std::to_string(s) + " from '" + root_.string() + "': " + ec.message());
     fs::remove_all(doomed, ec);
   }
@@ -210,7 +251,8 @@ void CheckpointManager::save_async(int64_t step, const State& state,
 State CheckpointManager::restore(const Runtime& rt, int64_t step, const State& target, const RestoreOptions& options,
                                  RestoreStats* stats) {
   surface_error();
-  if (!fs::is_directory(step_dir(step))) {
+  const std::vector<int64_t> steps = list_steps(root_);
+  if (!std::binary_search(steps.begin(), steps.end(), step)) {
     throw ValueError("no step " + std::to_string(step) + " in '" + root_.string() + "'");
   }
   return tessel::restore(rt, item_dir(step, options_.item_name), target, options, stats);
@@ -218,13 +260,13 @@ State CheckpointManager::restore(const Runtime& rt, int64_t step, const State& t
 
 std::string CheckpointManager::restore_json(int64_t step, const std::string& item) {
   surface_error();
-  const fs::path file = item_dir(step, item) / kJsonFile;
-  if (!fs::exists(file)) {
+  const Location file = item_dir(step, item) / kJsonFile;
+  std::optional<std::string> text = detail::read_small(file, int64_t{1} << 30);
+  if (!text) {
     throw ValueError("step " + std::to_string(step) + " in '" + root_.string() + "' has no JSON item '" + item + "'");
   }
-  std::string text = detail::read_file(file, int64_t{1} << 30);
-  json_util::parse(text, file.string());
-  return text;
+  json_util::parse(*text, file.string());
+  return *text;
 }
 
 std::vector<int64_t> CheckpointManager::all_steps() {

@@ -3,7 +3,9 @@
 // and named JSON items beside it (a data iterator's position, say) in `<item>/metadata`.
 //
 // One manager writes to a root at a time (a lock file, `<root>/.tessel-lock`); opening it removes
-// what a crashed save left (`*.orbax-checkpoint-tmp`). Across processes (MPI), every process opens
+// what a crashed save left (`*.orbax-checkpoint-tmp`). The root may be a bucket prefix
+// (s3://bucket/run): steps are written in place and committed by `commit_success.txt`, written
+// last; opening removes steps without it, and no lock is taken (one writer is the caller's rule). Across processes (MPI), every process opens
 // the manager with the runtime; each writes its own blocks and process 0 commits. Steps appear only when complete. After each
 // save the oldest steps go beyond max_to_keep, except multiples of keep_period.
 //
@@ -47,11 +49,11 @@ void write_step_metadata(const std::filesystem::path& step_dir, const std::vecto
 class CheckpointManager {
  public:
   // Creates `root` unless read_only. Throws IoError when another manager holds the lock.
-  explicit CheckpointManager(std::filesystem::path root, CheckpointManagerOptions options = {});
+  explicit CheckpointManager(Location root, CheckpointManagerOptions options = {});
   // For a runtime of several processes (MPI): every process constructs its manager at the same
   // point of its program. Process 0 locks and cleans the root and commits each step after every
   // process has written its blocks; an error on one is thrown on all.
-  CheckpointManager(const Runtime& rt, std::filesystem::path root, CheckpointManagerOptions options = {});
+  CheckpointManager(const Runtime& rt, Location root, CheckpointManagerOptions options = {});
   ~CheckpointManager();  // waits for a save in flight; its error, if any, goes to stderr
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -70,9 +72,9 @@ class CheckpointManager {
 
   std::vector<int64_t> all_steps();
   std::optional<int64_t> latest_step();
-  std::filesystem::path step_dir(int64_t step) const;
-  std::filesystem::path item_dir(int64_t step, const std::string& item = "default") const;
-  const std::filesystem::path& root() const { return root_; }
+  Location step_dir(int64_t step) const;
+  Location item_dir(int64_t step, const std::string& item = "default") const;
+  const Location& root() const { return root_; }
 
  private:
   void open();            // checks the options; locks and cleans the root (process 0)
@@ -82,7 +84,7 @@ class CheckpointManager {
   void check_request(int64_t step, const std::map<std::string, std::string>& json_items);
   void surface_error();  // rethrows a finished background failure
 
-  std::filesystem::path root_;
+  Location root_;
   CheckpointManagerOptions options_;
   std::unique_ptr<ProcessGroup> group_;  // this manager's own: saves may run in the background
   int lock_fd_ = -1;

@@ -189,12 +189,12 @@ void read_box_into(const CheckpointItem& item, const std::string& path, const Bo
   read_into(std::move(p), box, out.data(), options);
 }
 
-State restore(const Runtime& rt, const fs::path& item_dir, const State& target, const RestoreOptions& options,
+State restore(const Runtime& rt, const Location& item_dir, const State& target, const RestoreOptions& options,
               RestoreStats* stats) {
   return restore(rt, CheckpointItem::open(item_dir), target, options, stats);
 }
 
-State restore(const Runtime& rt, const fs::path& item_dir, const TargetSpec& spec, const RestoreOptions& options,
+State restore(const Runtime& rt, const Location& item_dir, const TargetSpec& spec, const RestoreOptions& options,
               RestoreStats* stats) {
   return restore(rt, CheckpointItem::open(item_dir), spec, options, stats);
 }
