@@ -48,8 +48,6 @@ struct WorkerBuffers {
   size_t keep = 0;
 };
 
-// Slabs of a raw chunk small enough to stay in a core's L2 between the read and the scatter.
-constexpr int64_t kSlabBytes = int64_t{1} << 20;
 
 
 struct ReadTask {
@@ -89,12 +87,12 @@ void fill_missing(const LeafRead& p, const Box& chunk, const ReadTask& task) {
 }
 
 // An uncompressed chunk of the target dtype: each destination's runs are read straight into its
-// buffer, consecutive file runs in one preadv of at most kSlabBytes, so that the checksum
-// that follows each read finds the bytes in cache.
+// buffer, consecutive runs in one read of at most the source's read unit (1 MiB from a file, so
+// that the checksum that follows each read finds the bytes in cache; 16 MiB from an object).
 void read_ranges(const LeafRead& p, const StoredValue& f, const Box& chunk, const ReadTask& task,
                  const std::string& key, bool verify, ReadCounters& counters) {
   const int64_t item = static_cast<int64_t>(item_size(p.zarr.dtype()));
-  const int64_t piece = std::max<int64_t>(1, kSlabBytes / item);
+  const int64_t piece = std::max<int64_t>(1, f.read_unit() / item);
   for (size_t d : task.dests) {
     const Destination& dst = p.dests[d];
     const Box region = chunk.intersect(dst.box);
@@ -144,8 +142,8 @@ bool small_runs(const LeafRead& p, const Box& chunk, const ReadTask& task) {
   return runs > 64 && bytes / runs < (int64_t{64} << 10) && bytes >= p.zarr.chunk_bytes();
 }
 
-// An uncompressed chunk read whole, in slabs along its first dimension of about kSlabBytes,
-// each scattered (and cast, if the dtypes differ) into the destinations.
+// An uncompressed chunk read whole, in slabs along its first dimension of about the source's read
+// unit, each scattered (and cast, if the dtypes differ) into the destinations.
 void read_slabs(const LeafRead& p, const StoredValue& f, const Box& chunk, const ReadTask& task,
                 const std::string& key, ByteBudget& staging, WorkerBuffers& buffers, bool verify,
                 ReadCounters& counters) {
@@ -154,7 +152,7 @@ void read_slabs(const LeafRead& p, const StoredValue& f, const Box& chunk, const
   const int64_t rows = rank == 0 ? 1 : chunk.extent(0);
   const int64_t row_bytes = rows == 0 ? 0 : chunk_bytes / rows;
   const int64_t slab_rows =
-      std::clamp<int64_t>(row_bytes == 0 ? rows : kSlabBytes / row_bytes, 1, std::max<int64_t>(rows, 1));
+      std::clamp<int64_t>(row_bytes == 0 ? rows : f.read_unit() / row_bytes, 1, std::max<int64_t>(rows, 1));
   const int64_t slab_bytes = slab_rows * row_bytes;
   const bool reused = static_cast<size_t>(slab_bytes) <= buffers.keep;
   ByteLease lease(staging, reused ? 0 : slab_bytes);
@@ -280,8 +278,10 @@ int64_t read_chunks(std::vector<LeafRead>& leaves, int readers, int64_t staging_
     }
   }
   // Half of the staging budget for the workers' reusable buffers (two each), half for leases.
-  const int threads =
-      static_cast<int>(std::min<int64_t>(default_threads(readers, 2), std::max<size_t>(tasks.size(), 1)));
+  // Reads from a bucket wait on the network, not the cores: 16 requests in flight at least.
+  const bool remote = std::any_of(leaves.begin(), leaves.end(), [](const LeafRead& p) { return p.store->is_remote(); });
+  const int threads = static_cast<int>(
+      std::min<int64_t>(default_threads(readers, remote ? 16 : 2), std::max<size_t>(tasks.size(), 1)));
   const int64_t budget = std::max<int64_t>(staging_bytes, 2);
   ByteBudget staging(budget / 2);
   std::vector<WorkerBuffers> buffers(static_cast<size_t>(threads));

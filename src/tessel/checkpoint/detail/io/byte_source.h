@@ -23,6 +23,10 @@ class ByteSource {
   virtual std::string where() const = 0;
   // Exactly out.size() bytes at `offset`; a short source is an IoError ("truncated").
   virtual void read_exact(int64_t offset, std::span<std::byte> out) const = 0;
+  // How many bytes a reader should ask for at a time: a file's reads are cheap, so slabs that stay
+  // in a core's cache while they are checksummed and scattered; an object's cost a request each
+  // (tens of ms on a store), so far more per request.
+  virtual int64_t read_unit() const { return int64_t{16} << 20; }
   // One contiguous range into several buffers, exactly their total size.
   virtual void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
   virtual void will_need(int64_t /*offset*/, int64_t /*size*/) const noexcept {}

@@ -36,6 +36,7 @@ class File final : public ByteSource {
   const std::filesystem::path& path() const { return path_; }
   int64_t size() const override;
   std::string where() const override { return path_.string(); }
+  int64_t read_unit() const override { return int64_t{1} << 20; }
   // Exactly out.size() bytes at `offset`; a short file is an IoError ("truncated").
   void read_exact(int64_t offset, std::span<std::byte> out) const override;
   // One contiguous file range into several buffers (preadv), exactly their total size.

@@ -36,6 +36,8 @@ class StoredValue {
   // Exactly out.size() bytes at `offset` within the value; past its end is an IoError.
   void read(int64_t offset, std::span<std::byte> out) const;
   void read_scatter(int64_t offset, std::span<const iovec> buffers) const;
+  // The bytes to read at a time (ByteSource::read_unit); 1 MiB for bytes in memory.
+  int64_t read_unit() const { return file_ ? file_->read_unit() : int64_t{1} << 20; }
   // Starts reading the whole value from disk in the background (File::will_need); a no-op in memory.
   void will_need() const noexcept {
     if (file_) file_->will_need(offset_, size_);
@@ -70,6 +72,8 @@ class KvStore {
   static KvStore safetensors(const SafetensorsSet& set);
 
   bool is_ocdbt() const { return db_ != nullptr; }
+  // In a bucket: each read is a request, worth many in flight.
+  bool is_remote() const { return !dir_.is_local(); }
   const OcdbtDatabase* database() const { return db_.get(); }
   // nullopt when the key is absent. Keys are '/'-separated; each component is checked.
   std::optional<StoredValue> get(std::string_view key) const;
