@@ -72,7 +72,8 @@ def upload_tree(client, local_dir: str, bucket: str, prefix: str) -> int:
 class FaultProxy:
     """An HTTP proxy to `upstream` that answers a share `rate` of the requests with a fault instead
     of forwarding them: 503 SlowDown, 500 InternalError, 429, or a dropped connection. Counts what
-    it did in `forwarded` and `faults`."""
+    it did in `forwarded` and `faults`. `corrupt(method, path)`, when set and true, flips a byte
+    of a successful answer's body on its way (damage in transit)."""
 
     FAULTS = ("503", "500", "429", "drop")
 
@@ -83,6 +84,8 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.forwarded = 0
         self.faults = {f: 0 for f in self.FAULTS}
+        self.corrupt = None
+        self.corrupted = 0
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -117,6 +120,10 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 r = conn.getresponse()
                 data = r.read()
+                if data and 200 <= r.status < 300 and proxy.corrupt and proxy.corrupt(self.command, self.path):
+                    data = bytes([data[0] ^ 0x40]) + data[1:]
+                    with proxy.lock:
+                        proxy.corrupted += 1
                 self.send_response(r.status)
                 for k, v in r.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):

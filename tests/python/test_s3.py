@@ -152,6 +152,44 @@ def test_faults_are_retried_and_failures_are_clear(rng, tmp, s3, server, monkeyp
         tessel.checkpoint.restore("s3://Bad_Bucket/x")
 
 
+def test_bytes_damaged_in_transit_are_read_again_or_refused(rng, tmp, s3, server, monkeypatch):
+    """A metadata object whose bytes do not match its MD5 ETag is read again, and refused when it
+    stays damaged; a chunk damaged on its way fails its CRC-32C, naming the chunk."""
+    values = {"w": random_array(rng, (32, 16), "float32")}
+    local = os.path.join(tmp, "item")
+    tessel.checkpoint.save(local, values, use_ocdbt=False)
+    prefix = f"damaged-{rng.randrange(10**9)}"
+    upload_tree(s3, local, BUCKET, prefix)
+    url = f"s3://{BUCKET}/{prefix}"
+    metadata = lambda method, path: method == "GET" and path.split("?")[0].endswith("/_METADATA")  # noqa: E731
+    with FaultProxy(server, rate=0.0, seed=0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        left = [2]
+
+        def twice(method, path):
+            if metadata(method, path) and left[0] > 0:
+                left[0] -= 1
+                return True
+            return False
+
+        proxy.corrupt = twice
+        assert_bit_identical(tessel.checkpoint.restore(url)["w"].to_numpy(), values["w"], "read again")
+        assert proxy.corrupted == 2
+        proxy.corrupt = metadata
+        monkeypatch.setenv("TESSEL_S3_MAX_ATTEMPTS", "3")
+        with pytest.raises(tessel.IoError, match=rf"s3://{BUCKET}/{prefix}/_METADATA: checksum mismatch"):
+            tessel.checkpoint.restore(url)
+        proxy.corrupt = lambda method, path: method == "GET" and "/w/0" in path.split("?")[0]
+        with pytest.raises(tessel.Error) as e:
+            tessel.checkpoint.restore(url)
+        assert "'w' chunk 0.0" in str(e.value) and "CRC-32C mismatch" in str(e.value), str(e.value)
+
+
+def test_a_save_to_a_bucket_root_is_refused(s3):
+    with pytest.raises(tessel.ArgumentError, match="root of the bucket 's3://tessel-test': give a prefix"):
+        tessel.checkpoint.save(f"s3://{BUCKET}", {"w": np.ones(4, np.float32)})
+
+
 def tensorstore_read_s3(endpoint, bucket, item_prefix, name, use_ocdbt, use_zarr3):
     """The array through TensorStore's own s3 kvstore (under OCDBT for that layout)."""
     s3 = {"driver": "s3", "bucket": bucket, "endpoint": endpoint, "aws_region": CREDENTIALS["AWS_REGION"]}
@@ -278,3 +316,25 @@ def test_training_checkpoints_in_a_bucket(rng, tmp, s3):
     assert set(leaves(remote)) == set(leaves(here))
     for path, array in leaves(here).items():
         assert_bit_identical(leaves(remote)[path].to_numpy(), array.to_numpy(), path)
+
+
+def test_a_multi_process_job_saves_and_restores_in_a_bucket(rng, s3):
+    """A 2-process JAX job saves into the bucket (each process uploading its own blocks into its
+    own OCDBT database, process 0 merging and committing); jobs of 4 and 1 processes restore it
+    from the bucket onto other meshes, each process reading only its blocks."""
+    from jax_job import run_job
+    from test_multi_process import TOTAL_DEVICES, check_restored, random_case, random_layout
+
+    case = random_case(rng, f"s3://{BUCKET}/job-{rng.randrange(10**9)}")
+    case["save"] = random_layout(rng, case)
+    saved = run_job("save_tessel", 2, 4, case)
+    assert all(r.get("saved") for r in saved), saved
+    prefix = case["path"].removeprefix(f"s3://{BUCKET}/")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")["Contents"]]
+    assert {k.split("/")[1] for k in keys if "/ocdbt.process_" in k} == {"ocdbt.process_0", "ocdbt.process_1"}, keys
+    assert f"{prefix}/commit_success.txt" in keys
+    for processes in (4, 1):
+        case["restore"] = random_layout(rng, case)
+        case["restore"]["form"] = "sds"
+        results = run_job("restore_tessel", processes, TOTAL_DEVICES // processes, case)
+        check_restored(results, case, processes)

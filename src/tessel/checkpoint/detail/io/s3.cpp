@@ -186,6 +186,13 @@ std::string sha256_hex(std::span<const std::byte> bytes) {
   return hex(out, sizeof out);
 }
 
+std::string md5_hex(std::span<const std::byte> bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_md5(), nullptr);
+  return hex(digest, n);
+}
+
 std::string md5_base64(std::span<const std::byte> bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
@@ -326,16 +333,29 @@ void S3Client::read(const std::string& bucket, const std::string& key, int64_t o
 }
 
 std::optional<std::string> S3Client::read_all(const std::string& bucket, const std::string& key, int64_t max_bytes) const {
-  const Result r = send("GET", bucket, key, {}, {}, {});
-  if (r.response.status == 404) return std::nullopt;
   const std::string where = fmt::format("s3://{}/{}", bucket, key);
-  if (r.response.status != 200) fail(r, where);
-  if (static_cast<int64_t>(r.response.body.size()) > max_bytes)
-    throw IoError(fmt::format("{}: more than the {} bytes a metadata object may have", where, max_bytes));
-  const std::string length = r.response.header("content-length");
-  if (!length.empty() && length != std::to_string(r.response.body.size()))
-    throw IoError(fmt::format("{}: truncated: {} bytes received of {}", where, r.response.body.size(), length));
-  return r.response.body;
+  for (int attempt = 1;; ++attempt) {
+    const Result r = send("GET", bucket, key, {}, {}, {});
+    if (r.response.status == 404) return std::nullopt;
+    if (r.response.status != 200) fail(r, where);
+    if (static_cast<int64_t>(r.response.body.size()) > max_bytes)
+      throw IoError(fmt::format("{}: more than the {} bytes a metadata object may have", where, max_bytes));
+    const std::string length = r.response.header("content-length");
+    if (!length.empty() && length != std::to_string(r.response.body.size()))
+      throw IoError(fmt::format("{}: truncated: {} bytes received of {}", where, r.response.body.size(), length));
+    // An object stored in one PUT has its MD5 as ETag ("<32 hex digits>"); a multipart one has
+    // "<hex>-<parts>", which says nothing about the bytes.
+    const std::string etag = r.response.header("etag");
+    const bool md5_etag = etag.size() == 34 && etag.front() == '"' && etag.back() == '"' &&
+                          etag.find_first_not_of("0123456789abcdef", 1) == 33;
+    if (!md5_etag) return r.response.body;
+    const std::string md5 = md5_hex(std::as_bytes(std::span(r.response.body.data(), r.response.body.size())));
+    if (md5 == etag.substr(1, 32)) return r.response.body;
+    if (attempt >= config_.max_attempts)
+      throw IoError(fmt::format("{}: checksum mismatch: the bytes received have MD5 {}, the object's ETag is {} "
+                                "({} attempts)", where, md5, etag, attempt));
+    back_off(attempt);
+  }
 }
 
 S3Listing S3Client::list(const std::string& bucket, const std::string& prefix, const std::string& delimiter,

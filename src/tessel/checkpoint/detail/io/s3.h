@@ -55,8 +55,9 @@ struct SignedRequest {
 std::string sigv4_authorization(const SignedRequest& request, const S3Credentials& credentials,
                                  const std::string& region, const std::string& service, const std::string& amz_date);
 
-// Hex SHA-256 and base64 MD5 (Content-MD5) of bytes.
+// Hex SHA-256, hex MD5 and base64 MD5 (Content-MD5) of bytes.
 std::string sha256_hex(std::span<const std::byte> bytes);
+std::string md5_hex(std::span<const std::byte> bytes);
 std::string md5_base64(std::span<const std::byte> bytes);
 
 struct S3Listing {
@@ -80,7 +81,8 @@ class S3Client {
   std::optional<int64_t> head(const std::string& bucket, const std::string& key) const;
   // Exactly out.size() bytes at `offset` of the object; a shorter object is an IoError ("truncated").
   void read(const std::string& bucket, const std::string& key, int64_t offset, std::span<std::byte> out) const;
-  // The whole object, refused above `max_bytes`; nullopt when there is none.
+  // The whole object, refused above `max_bytes`; nullopt when there is none. When its ETag is
+  // its MD5 (one PUT), the bytes are checked against it, and read again on a mismatch.
   std::optional<std::string> read_all(const std::string& bucket, const std::string& key, int64_t max_bytes) const;
   // The objects below `prefix`; with a delimiter, keys are cut at its first occurrence after the
   // prefix into common prefixes (ListObjectsV2, every page; only the first `max_keys` when > 0).
