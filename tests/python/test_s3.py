@@ -102,6 +102,26 @@ def test_safetensors_sets_from_a_bucket(rng, tmp, s3):
         assert_bit_identical(leaves(again)[path].to_numpy(), value, path)
 
 
+def test_convert_between_a_disk_and_buckets(rng, tmp, s3):
+    """convert from a local item into the bucket, from the bucket into the bucket (another format),
+    and back to a disk: the same values at each hop."""
+    tree = {"model": {"embed": random_array(rng, (64, 24), "float32"),
+                      "layers": {str(i): {"w": random_array(rng, (rng.randrange(8, 40), 16), "float32")} for i in range(3)}}}
+    local = os.path.join(tmp, "item")
+    tessel.checkpoint.save(local, tree)
+    base = f"s3://{BUCKET}/convert-{rng.randrange(10**9)}"
+    assert tessel.checkpoint.convert(local, base + "/hf", to="safetensors") == "safetensors"
+    assert tessel.checkpoint.convert(base + "/hf", base + "/orbax", to="orbax") == "orbax"
+    back = os.path.join(tmp, "back")
+    r = subprocess.run([cli(), "ckpt", "convert", base + "/orbax", back], capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    for where in (base + "/hf", base + "/orbax", back):
+        got = leaves(tessel.checkpoint.restore(where))
+        for path, want in leaves(tree).items():
+            assert_bit_identical(got[path].to_numpy(), want, f"{where} {path}")
+
+
 def test_faults_are_retried_and_failures_are_clear(rng, tmp, s3, server, monkeypatch):
     values = {"w": random_array(rng, (64, 48), "float32"), "b": random_array(rng, (48,), "float32")}
     local = os.path.join(tmp, "item")
