@@ -58,7 +58,7 @@ Location Location::parse(std::string_view text, std::string_view what) {
              fmt::format("is a {}:// URL: checkpoints are local paths, file:///path, s3://bucket/key or gs://bucket/key",
                          scheme));
     }
-    return Location(local_path(text, what));
+    return Location(Local{}, local_path(text, what));
   }
   std::string_view rest = text.substr(scheme.size() + 3);
   const size_t slash = rest.find('/');
@@ -96,7 +96,7 @@ std::string_view Location::scheme() const {
 }
 
 Location Location::operator/(std::string_view relative) const {
-  if (is_local()) return Location(path_ / relative);
+  if (is_local()) return Location(Local{}, path_ / relative);
   while (relative.ends_with('/')) relative.remove_suffix(1);
   if (const std::string p = key_problem(relative); !p.empty() || relative.empty()) {
     throw ValueError(fmt::format("'{}' below '{}' {}", relative, string(), p.empty() ? "is empty" : p));
@@ -118,7 +118,7 @@ std::string Location::filename() const {
 Location Location::parent() const {
   if (is_local()) {
     const std::filesystem::path n = path_.lexically_normal();
-    return Location(n.has_filename() ? n.parent_path() : n.parent_path().parent_path());
+    return Location(Local{}, n.has_filename() ? n.parent_path() : n.parent_path().parent_path());
   }
   Location out = *this;
   const size_t slash = key_.rfind('/');

@@ -19,10 +19,11 @@ class Location {
   enum class Kind { kLocal, kS3, kGcs };
 
   Location() = default;
-  // A local path, as given (not resolved).
-  Location(std::filesystem::path path) : path_(std::move(path)) {}  // NOLINT: a path is a location
-  Location(const char* text) : Location(parse(text, "")) {}         // NOLINT
-  Location(const std::string& text) : Location(parse(text, "")) {}  // NOLINT
+  // parse(text, ""): a path as given (not resolved), or the bucket a URL names; a path that holds
+  // a URL ("s3://b/x" in a std::filesystem::path) is that URL, as it was always meant.
+  Location(const std::filesystem::path& path) : Location(parse(path.string(), "")) {}  // NOLINT
+  Location(const char* text) : Location(parse(text, "")) {}                           // NOLINT
+  Location(const std::string& text) : Location(parse(text, "")) {}                    // NOLINT
 
   // `text` as a location: a local path, a file URL (file:///abs, as local_path takes it),
   // s3://bucket[/key] or gs://bucket[/key]. Throws ValueError starting with "`what`: " for any
@@ -52,6 +53,8 @@ class Location {
   friend bool operator==(const Location&, const Location&) = default;
 
  private:
+  struct Local {};
+  Location(Local, std::filesystem::path path) : path_(std::move(path)) {}
   Kind kind_ = Kind::kLocal;
   std::filesystem::path path_;
   std::string bucket_;
