@@ -30,9 +30,6 @@ Location checked_root(const Location& root) {
   return root.is_local() ? Location(local_path(root.local().string(), "checkpoint directory")) : root;
 }
 
-// Every object below a bucket location ("directory").
-void remove_below(const Location& dir) { detail::S3Client::current()->remove_all(dir.bucket(), dir.key() + "/"); }
-
 }  // namespace
 
 CheckpointManager::CheckpointManager(Location root, CheckpointManagerOptions options)
@@ -76,7 +73,7 @@ void CheckpointManager::lock_and_clean() {
       const Location step = root_ / e.name;
       if (e.is_directory && !e.name.empty() && e.name.find_first_not_of("0123456789") == std::string::npos &&
           !detail::is_file(step / detail::kCommitFile))
-        remove_below(step);
+        detail::remove_all(step);
     }
     return;
   }
@@ -167,7 +164,7 @@ void CheckpointManager::write_step(int64_t step, const StagedState& staged,
     if (root_.is_local()) {
       detail::begin_tmp_dir(final_dir.local());
     } else if (detail::is_directory(final_dir)) {
-      remove_below(final_dir);  // an unfinished save of this step
+      detail::remove_all(final_dir);  // an unfinished save of this step
     }
   });
   // The state's item: every process writes its blocks, process 0 commits it inside the step's
@@ -212,7 +209,7 @@ void CheckpointManager::apply_retention(int64_t just_saved) {
     if (!root_.is_local()) {
       // The marker first: the step is gone from the listing before its objects are.
       detail::S3Client::current()->remove(root_.bucket(), (step_dir(s) / detail::kCommitFile).key());
-      remove_below(step_dir(s));
+      detail::remove_all(step_dir(s));
       continue;
     }
     // Renamed out of sight first: a crash mid-removal leaves a leftover, not a half step.

@@ -8,7 +8,6 @@
 
 #include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/checkpoint/detail/io/output.h"
-#include "tessel/checkpoint/detail/io/s3.h"
 #include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/staged.h"
@@ -86,7 +85,7 @@ void clear_destination(const Location& dir, const std::string& tmp_suffix) {
                      "/name)");
   if (detail::is_file(dir / detail::kCommitFile) || detail::is_file(dir))
     throw IoError("cannot save to '" + dir.string() + "': it already exists");
-  if (detail::is_directory(dir)) detail::S3Client::current()->remove_all(dir.bucket(), dir.key() + "/");
+  if (detail::is_directory(dir)) detail::remove_all(dir);
 }
 
 }  // namespace
@@ -95,14 +94,9 @@ StateWriter::~StateWriter() {
   out_.reset();
   if (started_ && !committed_ && group_->is_leader()) {
     // Best effort: a crash instead leaves it for the next cleanup (or, in a bucket, uncommitted).
-    if (tmp_.is_local()) {
-      std::error_code ec;
-      fs::remove_all(tmp_.local(), ec);
-    } else {
-      try {
-        detail::S3Client::current()->remove_all(tmp_.bucket(), tmp_.key() + "/");
-      } catch (const Error&) {
-      }
+    try {
+      detail::remove_all(tmp_);
+    } catch (const Error&) {
     }
   }
 }

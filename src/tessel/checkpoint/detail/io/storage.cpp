@@ -131,20 +131,23 @@ std::optional<std::string> read_small(const Location& loc, int64_t max_bytes) {
   return client_for(loc)->read_all(loc.bucket(), loc.key(), max_bytes);
 }
 
+void remove_all(const Location& dir) {
+  if (dir.is_local()) {
+    std::error_code ec;
+    fs::remove_all(dir.local(), ec);
+    if (ec) throw IoError("cannot remove '" + dir.string() + "': " + ec.message());
+    return;
+  }
+  if (dir.key().empty()) throw ValueError("refusing to remove every object of the bucket '" + dir.string() + "'");
+  client_for(dir)->remove_all(dir.bucket(), dir_prefix(dir));
+}
+
 Location nested_location(const Location& root, std::string_view relative, std::string_view what) {
   if (root.is_local()) return Location(nested_path(root.local(), relative, what));
-  Location out = root;
-  size_t start = 0;
-  for (;;) {
-    const size_t sep = relative.find('/', start);
-    const std::string_view name = relative.substr(start, sep == std::string_view::npos ? sep : sep - start);
-    if (name.empty() || name == "." || name == ".." || name.find('\0') != std::string_view::npos) {
-      throw ValueError(fmt::format("{} '{}' has the name '{}': each name must be one entry inside '{}'", what,
-                                   relative, name, root.string()));
-    }
-    out = out / name;
-    if (sep == std::string_view::npos) return out;
-    start = sep + 1;
+  try {
+    return root / relative;  // Location checks each name
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("{}: {}", what, e.what()));
   }
 }
 

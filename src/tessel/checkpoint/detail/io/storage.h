@@ -36,6 +36,10 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc);
 // The whole file or object, refused above `max_bytes`; nullopt when there is none.
 std::optional<std::string> read_small(const Location& loc, int64_t max_bytes);
 
+// Everything below `dir`: a local directory tree, or every object under a bucket prefix (never a
+// bucket's root: refused). Best effort is the caller's choice: errors are thrown.
+void remove_all(const Location& dir);
+
 // `root / relative` for a '/'-separated path read from metadata, each name checked (nested_path in
 // file_io.h for a local root); `what` names its origin in the message.
 Location nested_location(const Location& root, std::string_view relative, std::string_view what);
