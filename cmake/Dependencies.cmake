@@ -11,7 +11,7 @@ find_package(dnnl 2.6 CONFIG REQUIRED)     # libdnnl-dev (oneDNN; its OpenMP run
 set(MPI_CXX_SKIP_MPICXX ON)                 # the C API only (the C++ bindings are deprecated)
 find_package(MPI REQUIRED COMPONENTS CXX)   # libopenmpi-dev (mpirun: openmpi-bin)
 find_package(CURL 7.74 REQUIRED)            # libcurl4-openssl-dev (object stores over HTTP)
-find_package(OpenSSL 3 REQUIRED)            # libssl-dev (AWS signatures, checksums)
+find_package(OpenSSL 3 REQUIRED)            # libssl-dev (AWS signatures, GCS service-account JWTs, checksums)
 find_package(pugixml 1.11 REQUIRED)         # libpugixml-dev (S3's XML answers)
 if(TESSEL_BUILD_TESTS)
   find_package(GTest REQUIRED)              # libgtest-dev

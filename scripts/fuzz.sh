@@ -25,7 +25,7 @@ mkdir -p "$build/findings"
 # target:seed corpus. 4 KB inputs at most; 10 s per input at most (a hang is a finding); 2 GB RSS.
 for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model fuzz_checkpoint:corpus_checkpoint \
     fuzz_safetensors:corpus_safetensors fuzz_key_map:corpus_key_map fuzz_maxtext_config:corpus_maxtext \
-    fuzz_object_store:corpus_s3; do
+    fuzz_object_store:corpus_object_store; do
   target=${pair%%:*} corpus=${pair##*:}
   mkdir -p "$build/$corpus"
   cp -n "$root/fuzz/$corpus"/* "$build/$corpus/" 2>/dev/null || true

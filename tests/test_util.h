@@ -1,8 +1,11 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -45,6 +48,36 @@ class TempDir {
 
  private:
   std::filesystem::path path_;
+};
+
+// Sets environment variables for a scope, restoring them after.
+class ScopedEnv {
+ public:
+  void set(const char* name, const std::string& value) {
+    save(name);
+    ::setenv(name, value.c_str(), 1);
+  }
+  void unset(const char* name) {
+    save(name);
+    ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        ::setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        ::unsetenv(name.c_str());
+      }
+    }
+  }
+
+ private:
+  void save(const char* name) {
+    if (saved_.count(name)) return;
+    const char* v = std::getenv(name);
+    saved_[name] = v ? std::optional<std::string>(v) : std::nullopt;
+  }
+  std::map<std::string, std::optional<std::string>> saved_;
 };
 
 }  // namespace tessel::testing

@@ -35,35 +35,7 @@ TEST(SigV4, SignsAwsPublishedGetObjectExample) {
   EXPECT_EQ(md5_base64({}), "1B2M2Y8AsgTpgAmY7PhCfg==");
 }
 
-// Sets environment variables for a scope, restoring them after.
-class Env {
- public:
-  void set(const char* name, const std::string& value) {
-    save(name);
-    ::setenv(name, value.c_str(), 1);
-  }
-  void unset(const char* name) {
-    save(name);
-    ::unsetenv(name);
-  }
-  ~Env() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        ::setenv(name.c_str(), value->c_str(), 1);
-      } else {
-        ::unsetenv(name.c_str());
-      }
-    }
-  }
-
- private:
-  void save(const char* name) {
-    if (saved_.count(name)) return;
-    const char* v = std::getenv(name);
-    saved_[name] = v ? std::optional<std::string>(v) : std::nullopt;
-  }
-  std::map<std::string, std::optional<std::string>> saved_;
-};
+using Env = testing::ScopedEnv;
 
 TEST(S3Config, TakesTheEnvironmentThenTheProfileFiles) {
   testing::TempDir tmp;

@@ -16,10 +16,13 @@ namespace fs = std::filesystem;
 Result run_in(const fs::path& cwd, const std::string& args) {
   testing::TempDir dir;
   const std::string out = (dir.path() / "out").string(), err = (dir.path() / "err").string();
-  // No AWS credentials from this machine's environment or files.
+  // No AWS credentials from this machine's environment or files; a GCS credentials file that is not
+  // there (a GCS request without credentials would go out unauthenticated).
   const std::string cmd = "cd " + cwd.string() +
                           " && env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_PROFILE "
-                          "AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_CONFIG_FILE=/nonexistent " +
+                          "-u STORAGE_EMULATOR_HOST -u GOOGLE_AUTH_TOKEN_FOR_TESTING "
+                          "AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_CONFIG_FILE=/nonexistent "
+                          "GOOGLE_APPLICATION_CREDENTIALS=/nonexistent.json " +
                           TESSEL_CLI + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::read_file(out), testing::read_file(err)};
@@ -84,7 +87,7 @@ TEST(PathCli, EveryPathOptionRefusesAUrlOrTakesABucketAndWritesNothing) {
       expect_one_line_error(r, 1, "no AWS credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set");
       EXPECT_THAT(r.err, HasSubstr(url));
     } else if (c.bucket && url.starts_with("gs://")) {
-      expect_one_line_error(r, 1, "'" + url + "': gs:// buckets are not supported yet");
+      expect_one_line_error(r, 1, "'" + url + "': GOOGLE_APPLICATION_CREDENTIALS names '/nonexistent.json', which cannot be read");
     } else {
       expect_one_line_error(r, 2, c.option + ": '" + url + "'");
       const bool other_scheme = c.bucket && !url.starts_with("file://");

@@ -1,11 +1,14 @@
-"""Object stores for the tests, on 127.0.0.1 with free ports: moto's S3 server (a subprocess,
-started bounded in time and always stopped), and a proxy in front of it that injects the faults
-real stores give (503 SlowDown, 500, 429, connections dropped) on a share of the requests."""
+"""Object stores for the tests, on 127.0.0.1 with free ports: moto's S3 server and the GCS
+emulator (subprocesses, started bounded in time and always stopped), each behind a `Store` that
+the bucket tests use whatever the store (URLs, the environment that points tessel and TensorStore
+at it, listing, reading and writing objects), and a proxy in front of either that injects the
+faults real stores give (503 SlowDown, 500, 429, connections dropped) on a share of the requests."""
 from __future__ import annotations
 
 import contextlib
 import http.client
 import http.server
+import json
 import os
 import random
 import socket
@@ -13,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import boto3
@@ -27,28 +31,43 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_server(timeout_s: float = 60):
-    """moto's S3 server; yields its endpoint URL. Killed on exit, also when the test fails."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=open(os.environ.get("TESSEL_MOTO_LOG", os.devnull), "w"), start_new_session=True)
+def _server(name: str, argv: list[str], port: int, probe: str, timeout_s: float):
+    """A server subprocess; yields its endpoint once `probe` answers. Killed on exit, also when the
+    test fails."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True,
+                            stderr=open(os.environ.get("TESSEL_STORE_LOG", os.devnull), "w"))
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"moto's server exited with {proc.returncode} before it answered")
+                raise RuntimeError(f"{name} exited with {proc.returncode} before it answered")
             try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).read()
+                urllib.request.urlopen(endpoint + probe, timeout=2).read()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's server did not answer on {endpoint} within {timeout_s} s")
+                    raise RuntimeError(f"{name} did not answer on {endpoint} within {timeout_s} s")
                 time.sleep(0.1)
         yield endpoint
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def moto_server(timeout_s: float = 60):
+    """moto's S3 server; yields its endpoint URL."""
+    port = free_port()
+    return _server("moto's server", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                   port, "/moto-api/", timeout_s)
+
+
+def gcs_server(bucket: str, timeout_s: float = 60):
+    """The GCS emulator (gcs_emulator.py) holding an empty `bucket`; yields its endpoint URL."""
+    port = free_port()
+    here = os.path.dirname(os.path.abspath(__file__))
+    return _server("the GCS emulator", [sys.executable, os.path.join(here, "gcs_emulator.py"), "127.0.0.1",
+                                        str(port), bucket], port, f"/storage/v1/b/{bucket}", timeout_s)
 
 
 def s3_client(endpoint: str):
@@ -57,27 +76,137 @@ def s3_client(endpoint: str):
                         region_name=CREDENTIALS["AWS_REGION"])
 
 
-def upload_tree(client, local_dir: str, bucket: str, prefix: str) -> int:
+class S3Store:
+    """A bucket on moto's server, filled and inspected with boto3."""
+    scheme = "s3"
+    attempts_variable = "TESSEL_S3_MAX_ATTEMPTS"
+    missing_bucket = "NoSuchBucket"
+
+    def __init__(self, endpoint: str, bucket: str, create: bool = True):
+        self.endpoint, self.bucket = endpoint, bucket
+        self.client = s3_client(endpoint)
+        if create:
+            self.client.create_bucket(Bucket=bucket)
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def environment(self, endpoint: str | None = None) -> dict:
+        """What points tessel at this server (or a proxy in front of it): credentials, endpoint."""
+        return CREDENTIALS | {"AWS_ENDPOINT_URL_S3": endpoint or self.endpoint}
+
+    def point_at(self, monkeypatch, endpoint: str | None = None):
+        for name, value in self.environment(endpoint).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+    def keys(self, prefix: str) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def get(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def put(self, key: str, data: bytes):
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    @staticmethod
+    def object_name(path: str) -> str | None:
+        """The object a request path (as a proxy sees it) reads the bytes of, or None."""
+        return urllib.parse.unquote(path.split("?")[0])
+
+    def kvstore(self, path: str) -> dict:
+        """TensorStore's own kvstore for `path` in the bucket."""
+        return {"driver": "s3", "bucket": self.bucket, "endpoint": self.endpoint,
+                "aws_region": CREDENTIALS["AWS_REGION"], "path": path}
+
+
+class GcsStore:
+    """A bucket on the GCS emulator, filled and inspected through GCS's JSON API."""
+    scheme = "gs"
+    attempts_variable = "TESSEL_GCS_MAX_ATTEMPTS"
+    missing_bucket = "HTTP 404"
+
+    def __init__(self, endpoint: str, bucket: str, create: bool = False):  # the emulator made the bucket
+        self.endpoint, self.bucket = endpoint, bucket
+
+    def url(self, prefix: str) -> str:
+        return f"gs://{self.bucket}/{prefix}"
+
+    def environment(self, endpoint: str | None = None) -> dict:
+        """What points tessel, TensorStore and gcsfs at this emulator (or a proxy in front of it)."""
+        return {"STORAGE_EMULATOR_HOST": endpoint or self.endpoint, "TENSORSTORE_GCS_HTTP_URL": endpoint or self.endpoint,
+                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator"}  # TensorStore's: no credential search
+
+    def point_at(self, monkeypatch, endpoint: str | None = None):
+        for name, value in self.environment(endpoint).items():
+            monkeypatch.setenv(name, value)
+
+    def _object(self, key: str) -> str:
+        return f"{self.endpoint}/storage/v1/b/{self.bucket}/o/{urllib.parse.quote(key, safe='')}"
+
+    def keys(self, prefix: str) -> list[str]:
+        out, token = [], ""
+        while True:
+            query = urllib.parse.urlencode({"prefix": prefix} | ({"pageToken": token} if token else {}))
+            with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b/{self.bucket}/o?{query}", timeout=60) as r:
+                page = json.load(r)
+            out += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken", "")
+            if not token:
+                return out
+
+    def get(self, key: str) -> bytes:
+        with urllib.request.urlopen(self._object(key) + "?alt=media", timeout=60) as r:
+            return r.read()
+
+    def put(self, key: str, data: bytes):
+        query = urllib.parse.urlencode({"uploadType": "media", "name": key})
+        request = urllib.request.Request(f"{self.endpoint}/upload/storage/v1/b/{self.bucket}/o?{query}", data=data,
+                                         method="POST", headers={"Content-Type": "application/octet-stream"})
+        urllib.request.urlopen(request, timeout=60).read()
+
+    @staticmethod
+    def object_name(path: str) -> str | None:
+        """The object a request path (as a proxy sees it) reads the bytes of, or None (its
+        metadata, a listing, an upload)."""
+        url = urllib.parse.urlsplit(path)
+        if "alt=media" not in url.query.split("&"):
+            return None
+        return urllib.parse.unquote(url.path.split("/o/", 1)[1])
+
+    def kvstore(self, path: str) -> dict:
+        return {"driver": "gcs", "bucket": self.bucket, "path": path}
+
+
+STORES = {"s3": S3Store, "gs": GcsStore}
+
+
+def upload_tree(store, local_dir: str, prefix: str) -> int:
     """Every file below local_dir as an object under prefix; returns the bytes uploaded."""
     total = 0
     for root, _, files in os.walk(local_dir):
         for name in files:
             path = os.path.join(root, name)
             key = prefix + "/" + os.path.relpath(path, local_dir).replace(os.sep, "/")
-            client.upload_file(path, bucket, key)
-            total += os.path.getsize(path)
+            with open(path, "rb") as f:
+                data = f.read()
+            store.put(key, data)
+            total += len(data)
     return total
 
 
 class FaultProxy:
     """An HTTP proxy to `upstream` that answers a share `rate` of the requests with a fault instead
     of forwarding them: 503 SlowDown, 500 InternalError, 429, or a dropped connection. Counts what
-    it did in `forwarded` and `faults`. `corrupt(method, path)`, when set and true, flips a byte
+    it did in `forwarded` and `faults`; keeps the Authorization headers it saw. `corrupt(method, path)`, when set and true, flips a byte
     of a successful answer's body on its way (damage in transit)."""
 
     FAULTS = ("503", "500", "429", "drop")
 
     def __init__(self, upstream: str, rate: float, seed: int):
+        self.authorizations = []  # each request's Authorization header ("" without)
+        self.require = None  # when set, a request without "Authorization: <require>" is answered 401
         self.upstream = upstream.removeprefix("http://")
         self.rate = rate
         self.rng = random.Random(seed)
@@ -96,6 +225,17 @@ class FaultProxy:
 
             def handle_any(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+                authorization = self.headers.get("Authorization", "")
+                with proxy.lock:
+                    proxy.authorizations.append(authorization)
+                if proxy.require is not None and authorization != proxy.require:
+                    doc = b'{"error": {"code": 401, "message": "Anonymous caller does not have access"}}'
+                    self.send_response(401)
+                    self.send_header("Content-Length", str(len(doc)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(doc)
+                    return
                 with proxy.lock:
                     fault = proxy.rng.choice(proxy.FAULTS) if proxy.rng.random() < proxy.rate else None
                     if fault:

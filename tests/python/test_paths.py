@@ -1,7 +1,7 @@
 """Every Python function that takes a path refuses a URL before anything is written, naming the
 argument (an `s3://bucket/run` once became the local folder `./s3:/bucket/run`); file:///path is
 taken as the path. A checkpoint to read may be in a bucket: without credentials that is an
-IoError naming what is missing (tests/python/test_s3.py reads from a local S3 server)."""
+error naming what is missing (test_s3.py and test_gcs.py read from local servers)."""
 import os
 
 import numpy as np
@@ -60,12 +60,15 @@ def test_every_path_argument_refuses_a_url_or_takes_a_bucket_and_writes_nothing(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
     for i, (name, call, bucket) in enumerate(calls(item)):
         for url in (URLS[i % len(URLS)], URLS[(i + 1) % len(URLS)]):
             if bucket and url.startswith(("s3://", "gs://")):
-                with pytest.raises(tessel.IoError) as e:
+                with pytest.raises(tessel.Error) as e:
                     call(url)
-                expected = "no AWS credentials" if url.startswith("s3://") else "gs:// buckets are not supported yet"
+                expected = "no AWS credentials" if url.startswith("s3://") else "GOOGLE_APPLICATION_CREDENTIALS names"
                 assert url in str(e.value) and expected in str(e.value), (name, str(e.value))
             else:
                 with pytest.raises(tessel.ArgumentError) as e:

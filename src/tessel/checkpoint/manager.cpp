@@ -11,7 +11,6 @@
 
 #include "tessel/checkpoint/detail/io/file_io.h"
 #include "tessel/checkpoint/detail/io/output.h"
-#include "tessel/checkpoint/detail/io/s3.h"
 #include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/metadata_writer.h"
@@ -208,7 +207,7 @@ void CheckpointManager::apply_retention(int64_t just_saved) {
     if (s == just_saved || (options_.keep_period && s % *options_.keep_period == 0)) continue;
     if (!root_.is_local()) {
       // The marker first: the step is gone from the listing before its objects are.
-      detail::S3Client::current()->remove(root_.bucket(), (step_dir(s) / detail::kCommitFile).key());
+      detail::remove_file(step_dir(s) / detail::kCommitFile);
       detail::remove_all(step_dir(s));
       continue;
     }

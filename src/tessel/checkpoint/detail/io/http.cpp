@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -102,7 +106,8 @@ HttpResponse http_send(const HttpRequest& request, std::span<std::byte> into) {
   curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers.get());
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 20L);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, request.connect_timeout_s);
+  if (request.total_timeout_s > 0) curl_easy_setopt(curl, CURLOPT_TIMEOUT, request.total_timeout_s);
   // A transfer that moves nothing for 60 s is stalled: failed, so that the caller retries.
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, 60L);
@@ -141,6 +146,30 @@ std::string uri_encode(std::string_view text, bool keep_slash) {
     }
   }
   return out;
+}
+
+void back_off(int attempt) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  const double cap = std::min(5.0, 0.05 * static_cast<double>(int64_t{1} << std::min(attempt, 10)));
+  std::uniform_real_distribution<double> wait(0.0, cap);
+  std::this_thread::sleep_for(std::chrono::duration<double>(wait(rng)));
+}
+
+void check_range_response(const HttpResponse& response, const std::string& where, int64_t offset, size_t size) {
+  const int64_t last = offset + static_cast<int64_t>(size) - 1;
+  if (response.status == 416) {
+    throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked, the object ends before {}", where, offset, last + 1,
+                              offset));
+  }
+  // A server that ignores the range sends the object from its start: only right when offset is 0.
+  if (response.status == 200 && offset != 0)
+    throw IoError(fmt::format("{}: the server ignored the byte range {}-{}", where, offset, last));
+  if (response.status == 206 && response.overflow)
+    throw IoError(fmt::format("{}: the server sent more than the byte range {}-{}", where, offset, last));
+  if (response.received != size && !(response.status == 200 && response.overflow)) {
+    throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked, {} received", where, offset, last + 1,
+                              response.received));
+  }
 }
 
 }  // namespace tessel::detail

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <span>
 #include <string>
@@ -19,6 +20,8 @@ struct HttpRequest {
   std::string url;
   std::vector<std::pair<std::string, std::string>> headers;
   std::span<const std::byte> body;
+  long connect_timeout_s = 20;
+  long total_timeout_s = 0;  // 0: none (a stalled transfer still fails after 60 s)
 };
 
 struct HttpResponse {
@@ -43,6 +46,16 @@ class HttpTransportError : public IoError {
 // `received` says how many came, `overflow` whether more were sent), else into `body`; a non-2xx
 // body always into `body` (an error document). Throws HttpTransportError when no response came.
 HttpResponse http_send(const HttpRequest& request, std::span<std::byte> into = {});
+
+// Whether `response` to a GET of `size` bytes at `offset` (with a Range header, into the caller's
+// bytes) delivered exactly them: throws IoError naming `where` for a truncated object (416 or
+// fewer bytes), a server that ignored the range at a nonzero offset, or one that sent more. Any
+// other status than 200 and 206 is the caller's to judge first.
+void check_range_response(const HttpResponse& response, const std::string& where, int64_t offset, size_t size);
+
+// Waits before another try of a failed request: full jitter, a random time up to
+// min(5 s, 50 ms * 2^attempt).
+void back_off(int attempt);
 
 // RFC 3986 percent-encoding of everything but unreserved characters (and '/' when keep_slash),
 // as AWS's signatures and object URLs need it.

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
-#include "tessel/checkpoint/detail/io/s3.h"
+#include "tessel/checkpoint/detail/io/object_store.h"
 #include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/core/error.h"
 
@@ -78,20 +78,12 @@ class LocalDir final : public OutputDir {
   std::set<fs::path> dirs_;
 };
 
-// An object uploaded in parts as they fill: one PUT when it fits one part, else a multipart
-// upload started at the first full part.
+// An object uploaded in parts as they fill: one PUT when it fits one part, else an upload in
+// parts started at the first full part.
 class BucketFile final : public OutputFile {
  public:
-  BucketFile(std::shared_ptr<const S3Client> client, Location loc)
+  BucketFile(std::shared_ptr<const ObjectStore> client, Location loc)
       : client_(std::move(client)), loc_(std::move(loc)) {}
-  ~BucketFile() override {
-    if (finished_ || upload_id_.empty()) return;
-    try {
-      client_->abort_upload(loc_.bucket(), loc_.key(), upload_id_);
-    } catch (const Error&) {
-      // The bucket's lifecycle rules remove abandoned parts; nothing else can be done here.
-    }
-  }
 
   void write_at(int64_t offset, std::span<const std::byte> bytes) override {
     while (!bytes.empty()) {
@@ -127,7 +119,7 @@ class BucketFile final : public OutputFile {
   void finish() override {
     std::lock_guard lock(mu_);
     if (finished_) return;
-    if (upload_id_.empty() && end_ <= OutputDir::kPartBytes) {
+    if (!upload_ && end_ <= OutputDir::kPartBytes) {
       std::vector<std::byte> whole(static_cast<size_t>(end_));
       if (auto it = parts_.find(0); it != parts_.end()) std::memcpy(whole.data(), it->second.bytes.data(), whole.size());
       client_->put(loc_.bucket(), loc_.key(), whole);
@@ -135,17 +127,18 @@ class BucketFile final : public OutputFile {
       return;
     }
     start_upload();
-    const int64_t last = (end_ - 1) / OutputDir::kPartBytes;
-    if (last >= 10000) throw IoError(loc_.string() + ": more than S3's 10,000 parts");
-    etags_.resize(static_cast<size_t>(last + 1));
-    for (int64_t i = 0; i <= last; ++i) {
-      if (!etags_[static_cast<size_t>(i)].empty()) continue;
+    const int64_t count = (end_ - 1) / OutputDir::kPartBytes + 1;
+    if (count > client_->max_parts())
+      throw IoError(fmt::format("{}: more than the store's {} parts", loc_.string(), client_->max_parts()));
+    for (int64_t i = 0; i < count; ++i) {
+      if (uploaded_.contains(i)) continue;
       const int64_t size = std::min(OutputDir::kPartBytes, end_ - i * OutputDir::kPartBytes);
       std::vector<std::byte> bytes = take(i);
       bytes.resize(static_cast<size_t>(size));  // a part never written is zeros
-      etags_[static_cast<size_t>(i)] = client_->upload_part(loc_.bucket(), loc_.key(), upload_id_, static_cast<int>(i + 1), bytes);
+      uploaded_.insert(i);
+      upload_->put_part(i, std::move(bytes));
     }
-    client_->complete_upload(loc_.bucket(), loc_.key(), upload_id_, etags_);
+    upload_->complete(count);
     finished_ = true;
   }
 
@@ -157,7 +150,7 @@ class BucketFile final : public OutputFile {
   // Under mu_.
   Part& part(int64_t index) {
     if (finished_) throw IoError(loc_.string() + ": written after it was finished");
-    if (static_cast<size_t>(index) < etags_.size() && !etags_[static_cast<size_t>(index)].empty())
+    if (uploaded_.contains(index))
       throw IoError(fmt::format("{}: part {} written again after it was uploaded", loc_.string(), index + 1));
     Part& p = parts_[index];
     if (p.bytes.empty()) p.bytes.assign(static_cast<size_t>(OutputDir::kPartBytes), std::byte{0});
@@ -171,12 +164,12 @@ class BucketFile final : public OutputFile {
     return bytes;
   }
   void start_upload() {
-    if (upload_id_.empty()) upload_id_ = client_->start_upload(loc_.bucket(), loc_.key());
+    if (!upload_) upload_ = client_->start_upload(loc_.bucket(), loc_.key(), OutputDir::kPartBytes);
   }
-  // Counts n bytes of part `index` as written; a full part is uploaded by this thread.
+  // Counts n bytes of part `index` as written; a full part goes to the upload from this thread.
   void add(int64_t index, int64_t end, int64_t n) {
     std::vector<std::byte> full;
-    std::string id;
+    PartUpload* upload = nullptr;
     {
       std::lock_guard lock(mu_);
       end_ = std::max(end_, end);
@@ -184,33 +177,26 @@ class BucketFile final : public OutputFile {
       p.filled += n;
       if (p.filled < OutputDir::kPartBytes) return;
       start_upload();
-      id = upload_id_;
+      upload = upload_.get();
       full = take(index);
-      if (etags_.size() <= static_cast<size_t>(index)) etags_.resize(static_cast<size_t>(index) + 1);
-      etags_[static_cast<size_t>(index)] = "(uploading)";
+      uploaded_.insert(index);
     }
-    const std::string etag = client_->upload_part(loc_.bucket(), loc_.key(), id, static_cast<int>(index + 1), full);
-    std::lock_guard lock(mu_);
-    etags_[static_cast<size_t>(index)] = etag;
+    upload->put_part(index, std::move(full));
   }
 
-  std::shared_ptr<const S3Client> client_;
+  std::shared_ptr<const ObjectStore> client_;
   Location loc_;
   std::mutex mu_;
-  std::map<int64_t, Part> parts_;  // those not uploaded
-  std::vector<std::string> etags_;
+  std::map<int64_t, Part> parts_;  // those not given to the upload
+  std::set<int64_t> uploaded_;     // those given
   int64_t end_ = 0;
-  std::string upload_id_;
+  std::unique_ptr<PartUpload> upload_;  // destroyed unfinished: discarded
   bool finished_ = false;
 };
 
 class BucketDir final : public OutputDir {
  public:
-  BucketDir(const Location& dir, bool durable) : OutputDir(dir, durable) {
-    if (dir.kind() == Location::Kind::kGcs)
-      throw IoError("'" + dir.string() + "': gs:// buckets are not supported yet (s3:// and local paths are)");
-    client_ = S3Client::current();
-  }
+  BucketDir(const Location& dir, bool durable) : OutputDir(dir, durable), client_(ObjectStore::for_location(dir)) {}
   std::unique_ptr<OutputFile> create(std::string_view relative) override {
     return std::make_unique<BucketFile>(client_, nested_location(dir_, relative, "stored name"));
   }
@@ -223,7 +209,7 @@ class BucketDir final : public OutputDir {
   void sync() override {}
 
  private:
-  std::shared_ptr<const S3Client> client_;
+  std::shared_ptr<const ObjectStore> client_;
 };
 
 }  // namespace

@@ -11,9 +11,7 @@
 #include <ctime>
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <sstream>
-#include <thread>
 
 #include <fmt/format.h>
 #include <pugixml.hpp>
@@ -100,22 +98,56 @@ bool retryable(long status, const std::string& body) {
                            body.find("<Code>Throttling</Code>") != std::string::npos);
 }
 
-// Full jitter: a random wait up to min(cap, base * 2^attempt).
-void back_off(int attempt) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  const double cap = std::min(5.0, 0.05 * static_cast<double>(int64_t{1} << std::min(attempt, 10)));
-  std::uniform_real_distribution<double> wait(0.0, cap);
-  std::this_thread::sleep_for(std::chrono::duration<double>(wait(rng)));
-}
+// The parts go up as they are given, in any order; the ETags are kept for the completion.
+class S3Upload final : public PartUpload {
+ public:
+  // `client` outlives the upload.
+  S3Upload(const S3Client* client, std::string bucket, std::string key)
+      : client_(client), bucket_(std::move(bucket)), key_(std::move(key)) {
+    upload_id_ = client_->create_multipart(bucket_, key_);
+  }
+  ~S3Upload() override {
+    if (done_) return;
+    try {
+      client_->abort_multipart(bucket_, key_, upload_id_);
+    } catch (const Error&) {
+      // The bucket's lifecycle rules remove abandoned parts; nothing else can be done here.
+    }
+  }
+  void put_part(int64_t index, std::vector<std::byte> bytes) override {
+    if (index < 0 || index >= client_->max_parts())
+      throw IoError(fmt::format("s3://{}/{}: part {} is beyond S3's {} parts", bucket_, key_, index + 1,
+                                client_->max_parts()));
+    const std::string etag = client_->upload_part(bucket_, key_, upload_id_, static_cast<int>(index + 1), bytes);
+    std::lock_guard lock(mu_);
+    if (etags_.size() <= static_cast<size_t>(index)) etags_.resize(static_cast<size_t>(index) + 1);
+    etags_[static_cast<size_t>(index)] = etag;
+  }
+  void complete(int64_t count) override {
+    std::lock_guard lock(mu_);
+    if (static_cast<int64_t>(etags_.size()) != count ||
+        std::any_of(etags_.begin(), etags_.end(), [](const std::string& e) { return e.empty(); }))
+      throw IoError(fmt::format("s3://{}/{}: completed before its {} parts were all uploaded", bucket_, key_, count));
+    client_->complete_multipart(bucket_, key_, upload_id_, etags_);
+    done_ = true;
+  }
+
+ private:
+  const S3Client* client_;
+  std::string bucket_, key_, upload_id_;
+  std::mutex mu_;
+  std::vector<std::string> etags_;
+  bool done_ = false;
+};
 
 }  // namespace
 
-S3Listing parse_list_page(std::string_view body, const std::string& where, std::string* next) {
+ObjectListing parse_list_page(std::string_view body, const std::string& where, std::string* next) {
   pugi::xml_document doc;
   if (!doc.load_buffer(body.data(), body.size())) throw IoError(where + ": the server's answer is not XML");
   const pugi::xml_node result = doc.child("ListBucketResult");
   if (!result) throw IoError(where + ": no ListBucketResult in the server's answer");
-  S3Listing out;
+  ObjectListing out;
   for (pugi::xml_node c : result.children("Contents")) {
     const std::string size_text = c.child_value("Size");
     char* end = nullptr;
@@ -316,20 +348,8 @@ void S3Client::read(const std::string& bucket, const std::string& key, int64_t o
   const std::string where = fmt::format("s3://{}/{}", bucket, key);
   const int64_t last = offset + static_cast<int64_t>(out.size()) - 1;
   const Result r = send("GET", bucket, key, {}, {{"range", fmt::format("bytes={}-{}", offset, last)}}, {}, out);
-  if (r.response.status == 416) {
-    throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked, the object ends before {}", where, offset, last + 1,
-                              offset));
-  }
-  if (r.response.status != 206 && r.response.status != 200) fail(r, where);
-  // A server that ignores the range sends the object from its start: only right when offset is 0.
-  if (r.response.status == 200 && offset != 0)
-    throw IoError(fmt::format("{}: the server ignored the byte range {}-{}", where, offset, last));
-  if (r.response.status == 206 && r.response.overflow)
-    throw IoError(fmt::format("{}: the server sent more than the byte range {}-{}", where, offset, last));
-  if (r.response.received != out.size() && !(r.response.status == 200 && r.response.overflow)) {
-    throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked, {} received", where, offset, last + 1,
-                              r.response.received));
-  }
+  if (r.response.status != 206 && r.response.status != 200 && r.response.status != 416) fail(r, where);
+  check_range_response(r.response, where, offset, out.size());
 }
 
 std::optional<std::string> S3Client::read_all(const std::string& bucket, const std::string& key, int64_t max_bytes) const {
@@ -358,9 +378,9 @@ std::optional<std::string> S3Client::read_all(const std::string& bucket, const s
   }
 }
 
-S3Listing S3Client::list(const std::string& bucket, const std::string& prefix, const std::string& delimiter,
+ObjectListing S3Client::list(const std::string& bucket, const std::string& prefix, const std::string& delimiter,
                          int max_keys) const {
-  S3Listing out;
+  ObjectListing out;
   std::string token;
   const std::string where = fmt::format("s3://{}/{}", bucket, prefix);
   do {
@@ -370,15 +390,7 @@ S3Listing S3Client::list(const std::string& bucket, const std::string& prefix, c
     if (max_keys > 0) query["max-keys"] = std::to_string(max_keys);
     const Result r = send("GET", bucket, "", query, {}, {});
     if (r.response.status != 200) fail(r, "listing " + where);
-    S3Listing page = parse_list_page(r.response.body, "listing " + where, &token);
-    for (auto& o : page.objects) {
-      if (!o.first.starts_with(prefix)) throw IoError(fmt::format("listing {}: the server listed '{}'", where, o.first));
-      out.objects.push_back(std::move(o));
-    }
-    for (auto& p : page.prefixes) {
-      if (!p.starts_with(prefix)) throw IoError(fmt::format("listing {}: the server listed '{}'", where, p));
-      out.prefixes.push_back(std::move(p));
-    }
+    append_page(out, parse_list_page(r.response.body, "listing " + where, &token), prefix, "listing " + where);
     if (max_keys > 0) token.clear();
   } while (!token.empty());
   return out;
@@ -395,11 +407,8 @@ void S3Client::remove(const std::string& bucket, const std::string& key) const {
     fail(r, fmt::format("deleting s3://{}/{}", bucket, key));
 }
 
-void S3Client::remove_all(const std::string& bucket, const std::string& prefix) const {
-  for (const auto& [key, size] : list(bucket, prefix, "").objects) remove(bucket, key);
-}
 
-std::string S3Client::start_upload(const std::string& bucket, const std::string& key) const {
+std::string S3Client::create_multipart(const std::string& bucket, const std::string& key) const {
   const std::string where = fmt::format("starting an upload of s3://{}/{}", bucket, key);
   const Result r = send("POST", bucket, key, {{"uploads", ""}}, {}, {});
   if (r.response.status != 200) fail(r, where);
@@ -422,7 +431,7 @@ std::string S3Client::upload_part(const std::string& bucket, const std::string& 
   return etag;
 }
 
-void S3Client::complete_upload(const std::string& bucket, const std::string& key, const std::string& upload_id,
+void S3Client::complete_multipart(const std::string& bucket, const std::string& key, const std::string& upload_id,
                                const std::vector<std::string>& etags) const {
   std::string doc = "<CompleteMultipartUpload>";
   for (size_t i = 0; i < etags.size(); ++i)
@@ -435,10 +444,16 @@ void S3Client::complete_upload(const std::string& bucket, const std::string& key
   if (r.response.status != 200 || r.response.body.find("<Error>") != std::string::npos) fail(r, where);
 }
 
-void S3Client::abort_upload(const std::string& bucket, const std::string& key, const std::string& upload_id) const {
+void S3Client::abort_multipart(const std::string& bucket, const std::string& key, const std::string& upload_id) const {
   const Result r = send("DELETE", bucket, key, {{"uploadId", upload_id}}, {}, {});
   if (r.response.status != 204 && r.response.status != 200 && r.response.status != 404)
     fail(r, fmt::format("aborting the upload of s3://{}/{}", bucket, key));
+}
+
+std::unique_ptr<PartUpload> S3Client::start_upload(const std::string& bucket, const std::string& key,
+                                                   int64_t part_bytes) const {
+  if (part_bytes < (int64_t{5} << 20)) throw ValueError("S3 parts are at least 5 MiB");
+  return std::make_unique<S3Upload>(this, bucket, key);
 }
 
 }  // namespace tessel::detail

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tessel/checkpoint/detail/io/http.h"
+#include "tessel/checkpoint/detail/io/object_store.h"
 
 namespace tessel::detail {
 
@@ -60,48 +61,44 @@ std::string sha256_hex(std::span<const std::byte> bytes);
 std::string md5_hex(std::span<const std::byte> bytes);
 std::string md5_base64(std::span<const std::byte> bytes);
 
-struct S3Listing {
-  std::vector<std::pair<std::string, int64_t>> objects;  // keys (with the prefix) and sizes
-  std::vector<std::string> prefixes;                     // common prefixes, ending with the delimiter
-};
-
 // One ListObjectsV2 page (bytes a server sent, so anything: the fuzzers' entry point): its objects
 // and common prefixes, `next` set to the continuation token ("" on the last page). Throws IoError
 // naming `where` for an answer that is no listing.
-S3Listing parse_list_page(std::string_view body, const std::string& where, std::string* next);
+ObjectListing parse_list_page(std::string_view body, const std::string& where, std::string* next);
 
-class S3Client {
+class S3Client final : public ObjectStore {
  public:
   explicit S3Client(S3Config config) : config_(std::move(config)) {}
   // The client for the current environment: one per configuration, shared.
   static std::shared_ptr<const S3Client> current();
 
   const S3Config& config() const { return config_; }
-  // The object's size; nullopt when there is none.
-  std::optional<int64_t> head(const std::string& bucket, const std::string& key) const;
-  // Exactly out.size() bytes at `offset` of the object; a shorter object is an IoError ("truncated").
-  void read(const std::string& bucket, const std::string& key, int64_t offset, std::span<std::byte> out) const;
-  // The whole object, refused above `max_bytes`; nullopt when there is none. When its ETag is
-  // its MD5 (one PUT), the bytes are checked against it, and read again on a mismatch.
-  std::optional<std::string> read_all(const std::string& bucket, const std::string& key, int64_t max_bytes) const;
-  // The objects below `prefix`; with a delimiter, keys are cut at its first occurrence after the
-  // prefix into common prefixes (ListObjectsV2, every page; only the first `max_keys` when > 0).
-  S3Listing list(const std::string& bucket, const std::string& prefix, const std::string& delimiter,
-                 int max_keys = 0) const;
-  void put(const std::string& bucket, const std::string& key, std::span<const std::byte> bytes) const;
-  void remove(const std::string& bucket, const std::string& key) const;
-  // Every object below `prefix` (a '/'-terminated "directory"), deleted.
-  void remove_all(const std::string& bucket, const std::string& prefix) const;
+  const char* scheme() const override { return "s3"; }
+  std::optional<int64_t> head(const std::string& bucket, const std::string& key) const override;
+  void read(const std::string& bucket, const std::string& key, int64_t offset, std::span<std::byte> out) const override;
+  // When the object's ETag is its MD5 (stored in one PUT), the bytes are checked against it.
+  std::optional<std::string> read_all(const std::string& bucket, const std::string& key,
+                                      int64_t max_bytes) const override;
+  // ListObjectsV2.
+  ObjectListing list(const std::string& bucket, const std::string& prefix, const std::string& delimiter,
+                     int max_keys = 0) const override;
+  // With Content-MD5.
+  void put(const std::string& bucket, const std::string& key, std::span<const std::byte> bytes) const override;
+  void remove(const std::string& bucket, const std::string& key) const override;
+  // A multipart upload: each part uploaded when given, from the giving thread.
+  std::unique_ptr<PartUpload> start_upload(const std::string& bucket, const std::string& key,
+                                           int64_t part_bytes) const override;
+  int64_t max_parts() const override { return 10000; }
 
-  // A multipart upload: parts numbered from 1, each but the last at least 5 MiB; the object
-  // appears at complete(), and abort() discards the parts.
-  std::string start_upload(const std::string& bucket, const std::string& key) const;
-  // The part's ETag, for complete().
+  // The multipart upload's requests: parts numbered from 1, each but the last at least 5 MiB;
+  // the object appears at complete_multipart(), and abort_multipart() discards the parts.
+  std::string create_multipart(const std::string& bucket, const std::string& key) const;
+  // The part's ETag, for complete_multipart().
   std::string upload_part(const std::string& bucket, const std::string& key, const std::string& upload_id,
                           int part_number, std::span<const std::byte> bytes) const;
-  void complete_upload(const std::string& bucket, const std::string& key, const std::string& upload_id,
-                       const std::vector<std::string>& etags) const;
-  void abort_upload(const std::string& bucket, const std::string& key, const std::string& upload_id) const;
+  void complete_multipart(const std::string& bucket, const std::string& key, const std::string& upload_id,
+                          const std::vector<std::string>& etags) const;
+  void abort_multipart(const std::string& bucket, const std::string& key, const std::string& upload_id) const;
 
  private:
   struct Result {

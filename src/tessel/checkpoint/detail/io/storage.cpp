@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
-#include "tessel/checkpoint/detail/io/s3.h"
+#include "tessel/checkpoint/detail/io/object_store.h"
 #include "tessel/core/error.h"
 
 namespace tessel::detail {
@@ -15,9 +15,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // An object read by range requests.
-class S3Object final : public ByteSource {
+class StoredObject final : public ByteSource {
  public:
-  S3Object(std::shared_ptr<const S3Client> client, Location loc, int64_t size)
+  StoredObject(std::shared_ptr<const ObjectStore> client, Location loc, int64_t size)
       : client_(std::move(client)), loc_(std::move(loc)), size_(size) {}
   int64_t size() const override { return size_; }
   std::string where() const override { return loc_.string(); }
@@ -31,17 +31,12 @@ class S3Object final : public ByteSource {
   }
 
  private:
-  std::shared_ptr<const S3Client> client_;
+  std::shared_ptr<const ObjectStore> client_;
   Location loc_;
   int64_t size_;
 };
 
-// The client for a bucket location; gs:// is refused until its client exists.
-std::shared_ptr<const S3Client> client_for(const Location& loc) {
-  if (loc.kind() == Location::Kind::kGcs)
-    throw IoError("'" + loc.string() + "': gs:// buckets are not supported yet (s3:// and local paths are)");
-  return S3Client::current();
-}
+std::shared_ptr<const ObjectStore> client_for(const Location& loc) { return ObjectStore::for_location(loc); }
 
 std::string dir_prefix(const Location& loc) { return loc.key().empty() ? std::string() : loc.key() + "/"; }
 
@@ -68,7 +63,7 @@ bool is_directory(const Location& loc) {
     std::error_code ec;
     return fs::is_directory(fs::symlink_status(loc.local(), ec));
   }
-  const S3Listing l = client_for(loc)->list(loc.bucket(), dir_prefix(loc), "/", 1);
+  const ObjectListing l = client_for(loc)->list(loc.bucket(), dir_prefix(loc), "/", 1);
   return !l.objects.empty() || !l.prefixes.empty();
 }
 
@@ -87,7 +82,7 @@ std::vector<StorageEntry> list_directory(const Location& dir) {
     if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message());
   } else {
     const std::string prefix = dir_prefix(dir);
-    const S3Listing l = client_for(dir)->list(dir.bucket(), prefix, "/");
+    const ObjectListing l = client_for(dir)->list(dir.bucket(), prefix, "/");
     for (const std::string& p : l.prefixes) {
       std::string name = p.substr(prefix.size());
       if (name.ends_with('/')) name.pop_back();
@@ -117,7 +112,7 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc) {
   auto client = client_for(loc);
   const std::optional<int64_t> size = client->head(loc.bucket(), loc.key());
   if (!size) return nullptr;
-  return std::make_shared<const S3Object>(std::move(client), loc, *size);
+  return std::make_shared<const StoredObject>(std::move(client), loc, *size);
 }
 
 std::optional<std::string> read_small(const Location& loc, int64_t max_bytes) {
@@ -129,6 +124,16 @@ std::optional<std::string> read_small(const Location& loc, int64_t max_bytes) {
     return read_file(loc.local(), max_bytes);
   }
   return client_for(loc)->read_all(loc.bucket(), loc.key(), max_bytes);
+}
+
+void remove_file(const Location& loc) {
+  if (loc.is_local()) {
+    std::error_code ec;
+    fs::remove(loc.local(), ec);
+    if (ec) throw IoError("cannot remove '" + loc.string() + "': " + ec.message());
+    return;
+  }
+  client_for(loc)->remove(loc.bucket(), loc.key());
 }
 
 void remove_all(const Location& dir) {

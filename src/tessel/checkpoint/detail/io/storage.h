@@ -1,5 +1,5 @@
 // Internal (not installed): what the checkpoint readers ask of a Location, whatever its kind: a
-// local directory tree (symlinks never followed, as file_io.h does) or a prefix in an S3 bucket,
+// local directory tree (symlinks never followed, as file_io.h does) or a prefix in a bucket (S3 or GCS),
 // where a "directory" is a key prefix ending in '/' and a file is an object.
 #pragma once
 
@@ -36,6 +36,8 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc);
 // The whole file or object, refused above `max_bytes`; nullopt when there is none.
 std::optional<std::string> read_small(const Location& loc, int64_t max_bytes);
 
+// The file or object, when it is there.
+void remove_file(const Location& loc);
 // Everything below `dir`: a local directory tree, or every object under a bucket prefix (never a
 // bucket's root: refused). Best effort is the caller's choice: errors are thrown.
 void remove_all(const Location& dir);

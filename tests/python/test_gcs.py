@@ -1,0 +1,217 @@
+"""Checkpoints in a Google Cloud Storage bucket, on the GCS emulator started on 127.0.0.1: the
+bucket tests (bucket_cases.py); Orbax itself writing into the bucket (its paths through gcsfs, its
+arrays through TensorStore's gcs kvstore) and tessel restoring that onto other meshes; and the
+credentials Google's libraries use (a service account's signed JWT, an authorized user's refresh
+token, the metadata server), each token sent with every request, and their failures named."""
+import base64
+import http.server
+import json
+import logging
+import os
+import threading
+import urllib.parse
+
+import jax
+import pytest
+
+import tessel
+from bucket_cases import *  # noqa: F401,F403 - the tests, collected here against GCS
+from bucket_cases import BUCKET, check_shards
+from object_store import FaultProxy, GcsStore, gcs_server
+from test_tessel_reads_orbax import random_jax_tree, save_with_manager, target_mesh
+from trees import assert_bit_identical, random_array
+
+logging.getLogger("gcsfs").setLevel(logging.ERROR)  # "could not determine bucket type" on an emulator
+
+
+@pytest.fixture(scope="module")
+def server():
+    with gcs_server(BUCKET) as endpoint:
+        yield GcsStore(endpoint, BUCKET)
+
+
+@pytest.fixture
+def store(server, monkeypatch):
+    server.point_at(monkeypatch)
+    return server
+
+
+@pytest.mark.parametrize("layout", ["default", "files", "zarr3"])
+def test_orbax_writes_into_the_bucket_and_tessel_restores(rng, x64, store, layout):
+    devices = jax.devices()
+    trees = {step: (random_jax_tree(rng, devices), random_jax_tree(rng, devices)) for step in (1, 2)}
+    prefix = f"orbax/{layout}-{rng.randrange(10**9)}"
+    url = store.url(prefix)
+    steps = save_with_manager(url, layout, sorted(trees), {s: (a[1], b[1]) for s, (a, b) in trees.items()})
+    keys = store.keys(prefix + "/")
+    assert {f"{prefix}/{s}/commit_success.txt" for s in steps} <= set(keys), keys  # Orbax's own marker
+    assert tessel.checkpoint.steps(url) == steps
+    for step in steps:
+        for item, (values, _, mesh) in zip(("items", "model_params"), trees[step]):
+            target = target_mesh(rng, mesh.axis_names, rng.choice([2, 4, 16]))
+            got = tessel.checkpoint.restore(f"{url}/{step}", item=item, mesh=target)
+            check_shards(got, values, f"{url}/{step}/{item} on {target}")
+
+
+class TokenServer:
+    """Google's token endpoints, played on 127.0.0.1: the JWT bearer grant (the assertion's RS256
+    signature checked against the service account's public key, and its claims), the refresh
+    token grant, and the metadata server's token (only with Metadata-Flavor: Google)."""
+
+    def __init__(self, public_key, email, user):
+        self.requests = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def answer(self, status, doc):
+                body = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                server.requests.append(("GET", self.path))
+                if self.path != "/computeMetadata/v1/instance/service-accounts/default/token":
+                    return self.answer(404, {"error": "not_found"})
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    return self.answer(403, {"error": "missing Metadata-Flavor"})
+                self.answer(200, {"access_token": "vm-token", "expires_in": 3599, "token_type": "Bearer"})
+
+            def do_POST(self):
+                form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                grant = form.get("grant_type", [""])[0]
+                server.requests.append(("POST", grant))
+                if grant == "urn:ietf:params:oauth:grant-type:jwt-bearer":
+                    claims = server.verify(form["assertion"][0], f"{server.url}/token")
+                    if claims is None or claims["iss"] != email:
+                        return self.answer(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
+                    return self.answer(200, {"access_token": "sa-token", "expires_in": 3600, "token_type": "Bearer"})
+                if grant == "refresh_token" and all(form.get(k, [""])[0] == v for k, v in user.items()):
+                    return self.answer(200, {"access_token": "user-token", "expires_in": 3600, "token_type": "Bearer"})
+                self.answer(400, {"error": "invalid_grant"})
+
+        self.public_key = public_key
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def verify(self, jwt, audience):
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        def decode(part):
+            return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+        header, claims, signature = jwt.split(".")
+        try:
+            self.public_key.verify(decode(signature), f"{header}.{claims}".encode(), padding.PKCS1v15(), hashes.SHA256())
+        except InvalidSignature:
+            return None
+        header, claims = json.loads(decode(header)), json.loads(decode(claims))
+        assert header == {"alg": "RS256", "typ": "JWT"}, header
+        assert claims["aud"] == audience and "devstorage" in claims["scope"], claims
+        assert claims["exp"] - claims["iat"] == 3600, claims
+        return claims
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def rsa_pem():
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    return key.public_key(), pem
+
+
+def test_application_default_credentials(rng, tmp, server, monkeypatch):
+    """Against a store that wants a token (a proxy answering 401 to any other Authorization): no
+    credentials is a 401 naming where they were looked for; a service account key file, gcloud's
+    authorized_user file and the metadata server each give the token, fetched once and sent with
+    every request; a token server's refusal and a bad credentials file are named."""
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GOOGLE_APPLICATION_CREDENTIALS",
+                 "GCE_METADATA_HOST", "GCE_METADATA_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", os.path.join(tmp, "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    os.makedirs(os.path.join(tmp, "gcloud"))
+    public_key, pem = rsa_pem()
+    email = "trainer@project.iam.gserviceaccount.com"
+    user = {"client_id": "cid", "client_secret": "secret", "refresh_token": f"refresh-{rng.randrange(10**9)}"}
+    tree = {"w": random_array(rng, (96, 40), "float32"), "b": random_array(rng, (40,), "float32")}
+
+    with TokenServer(public_key, email, user) as tokens, FaultProxy(server.endpoint, rate=0.0, seed=0) as proxy:
+        monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.endpoint)  # the endpoint, credentials as usual
+        url = server.url(f"auth-{rng.randrange(10**9)}")
+
+        proxy.require = "Bearer sa-token"
+        with pytest.raises(tessel.IoError, match=r"answered HTTP 401 \(Anonymous caller does not have access\); "
+                                                 r"credentials: no credentials: GOOGLE_APPLICATION_CREDENTIALS is not set"):
+            tessel.checkpoint.restore(url)
+
+        def credentials_file(doc):
+            path = os.path.join(tmp, f"creds-{rng.randrange(10**9)}.json")
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            return path
+
+        sa = {"type": "service_account", "client_email": email, "private_key": pem, "token_uri": f"{tokens.url}/token",
+              "project_id": "project", "private_key_id": "k1"}
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", credentials_file(sa))
+        del proxy.authorizations[:]
+        tessel.checkpoint.save(url, tree)
+        for name, value in tessel.checkpoint.restore(url, mesh=tessel.Mesh({"x": 4})).items():
+            assert_bit_identical(value.to_numpy(), tree[name], name)
+        assert tokens.requests == [("POST", "urn:ietf:params:oauth:grant-type:jwt-bearer")], tokens.requests
+        assert len(proxy.authorizations) > 5 and set(proxy.authorizations) == {"Bearer sa-token"}
+
+        # gcloud's application default credentials file, when the variable names none.
+        monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+        with open(os.path.join(tmp, "gcloud", "application_default_credentials.json"), "w") as f:
+            json.dump({"type": "authorized_user", "token_uri": f"{tokens.url}/token"} | user, f)
+        proxy.require = "Bearer user-token"
+        for name, value in tessel.checkpoint.restore(url).items():
+            assert_bit_identical(value.to_numpy(), tree[name], name)
+        assert tokens.requests[-1] == ("POST", "refresh_token")
+        os.remove(os.path.join(tmp, "gcloud", "application_default_credentials.json"))
+
+        # The metadata server.
+        monkeypatch.setenv("GCE_METADATA_HOST", tokens.url.removeprefix("http://"))
+        proxy.require = "Bearer vm-token"
+        for name, value in tessel.checkpoint.restore(url).items():
+            assert_bit_identical(value.to_numpy(), tree[name], name)
+        assert tokens.requests[-1] == ("GET", "/computeMetadata/v1/instance/service-accounts/default/token")
+        monkeypatch.delenv("GCE_METADATA_HOST")
+
+        # A key the token server does not know: its refusal, named.
+        _, other_pem = rsa_pem()
+        path = credentials_file(sa | {"private_key": other_pem})
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", path)
+        with pytest.raises(tessel.IoError, match=rf"getting a GCS access token from {tokens.url}/token for the "
+                                                 rf"service_account credentials in '{path}': HTTP 400"):
+            tessel.checkpoint.restore(url)
+
+    for doc, message in (({"type": "external_account"}, "has type 'external_account'"),
+                         ({"type": "service_account", "client_email": email}, 'has no "private_key"'),
+                         ({"type": "service_account", "client_email": email, "private_key": "not a key"},
+                          "not a PEM private key")):
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", credentials_file(doc))
+        with pytest.raises(tessel.Error, match=message):
+            tessel.checkpoint.restore(url)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", os.path.join(tmp, "missing.json"))
+    with pytest.raises(tessel.Error, match="GOOGLE_APPLICATION_CREDENTIALS names '.*missing.json', which cannot be read"):
+        tessel.checkpoint.restore(url)
