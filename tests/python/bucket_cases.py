@@ -130,7 +130,15 @@ def test_faults_are_retried_and_failures_are_clear(rng, tmp, store, monkeypatch)
             for name, want in values.items():
                 assert_bit_identical(got[name].to_numpy(), want, name)
         assert sum(proxy.faults.values()) > 0 and proxy.forwarded > 0, proxy.faults
-        print("faults injected and retried:", proxy.faults, "forwarded:", proxy.forwarded)
+        print("faults injected and retried in restores:", proxy.faults, "forwarded:", proxy.forwarded)
+        before = sum(proxy.faults.values())
+        # A save through the same faults: objects of several parts (S3's multipart upload, GCS's
+        # resumable one, resumed from what the server says it holds), whole afterwards.
+        big = {"w": random_array(rng, (rng.randrange(1100, 1500), 4096), "float32")}
+        tessel.checkpoint.save(url + "-saved", big)
+        assert_bit_identical(tessel.checkpoint.restore(url + "-saved")["w"].to_numpy(), big["w"], "saved through faults")
+        assert sum(proxy.faults.values()) > before
+        print("and in a save and its restore:", proxy.faults, "forwarded:", proxy.forwarded)
     # Every request failing, with few attempts: the error names the object and the answer.
     with FaultProxy(store.endpoint, rate=1.0, seed=1) as proxy:
         proxy.FAULTS = ("503",)

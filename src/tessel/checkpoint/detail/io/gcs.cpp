@@ -167,13 +167,14 @@ class GcsUpload final : public PartUpload {
       if (r && !retryable(r->status)) client_->fail(*r, "uploading " + where(), session_);
       if (attempt >= client_->config().max_attempts) client_->fail(*r, "uploading " + where(), session_);
       back_off(attempt);
-      from = status_query(offset, total);
-      if (from > end) return true;  // complete: the status query answered with the object
+      const std::optional<int64_t> held = status_query(offset, total);
+      if (!held) return true;  // the status query answered with the object: complete
+      from = std::min(*held, end);
     }
   }
 
-  // Asks the session what it holds; returns where to go on from (> end_of_all when complete).
-  int64_t status_query(int64_t offset, int64_t total) {
+  // Asks the session how many bytes it holds; nullopt when it answers with the whole object.
+  std::optional<int64_t> status_query(int64_t offset, int64_t total) {
     for (int attempt = 1;; ++attempt) {
       try {
         const HttpResponse r = http_send(request("PUT", fmt::format("bytes */{}", total >= 0 ? std::to_string(total) : "*"), {}));
@@ -186,7 +187,7 @@ class GcsUpload final : public PartUpload {
         }
         if (r.status == 200 || r.status == 201) {
           (void)finish(r, total);
-          return INT64_MAX;
+          return std::nullopt;
         }
         if (!retryable(r.status)) client_->fail(r, "asking about the upload of " + where(), session_);
       } catch (const HttpTransportError&) {
