@@ -299,13 +299,22 @@ GcsConfig GcsConfig::from_environment() {
 std::shared_ptr<const GcsClient> GcsClient::current() {
   static std::mutex mu;
   static std::shared_ptr<const GcsClient> client;
+  static std::string made_from;
+  const std::string cloudsdk = env("CLOUDSDK_CONFIG");
+  const std::string fingerprint = configuration_fingerprint(
+      {"STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+       "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "HOME", "GCE_METADATA_HOST", "GCE_METADATA_ROOT",
+       "NO_GCE_CHECK", "TESSEL_GCS_MAX_ATTEMPTS"},
+      {env("GOOGLE_APPLICATION_CREDENTIALS"),
+       (cloudsdk.empty() ? env("HOME") + "/.config/gcloud" : cloudsdk) + "/application_default_credentials.json"});
+  {
+    std::lock_guard lock(mu);
+    if (client && fingerprint == made_from) return client;
+  }
   GcsConfig config = GcsConfig::from_environment();
   std::lock_guard lock(mu);
-  const auto same = [](const GcsConfig& a, const GcsConfig& b) {
-    return a.endpoint == b.endpoint && a.max_attempts == b.max_attempts && a.auth.source() == b.auth.source() &&
-           a.auth.hint() == b.auth.hint();
-  };
-  if (!client || !same(client->config(), config)) client = std::make_shared<const GcsClient>(std::move(config));
+  made_from = fingerprint;
+  client = std::make_shared<const GcsClient>(std::move(config));
   return client;
 }
 

@@ -42,8 +42,8 @@ std::string gcs_crc32c_base64(uint32_t crc);
 class GcsClient final : public ObjectStore {
  public:
   explicit GcsClient(GcsConfig config) : config_(std::move(config)) {}
-  // The client for the current environment: one per endpoint and credentials source, shared (so
-  // that its token is too).
+  // The client for the current environment, shared (its token too) until the environment or the
+  // credentials files change.
   static std::shared_ptr<const GcsClient> current();
 
   const GcsConfig& config() const { return config_; }

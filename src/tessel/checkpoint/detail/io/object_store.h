@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -23,6 +24,12 @@ struct ObjectListing {
   std::vector<std::pair<std::string, int64_t>> objects;  // names (with the prefix) and sizes
   std::vector<std::string> prefixes;                     // common prefixes, ending with the delimiter
 };
+
+// What a store's configuration is made of: the values of `variables` and the size and
+// modification time of each of `files` ("" skipped). The clients rebuild their configuration
+// (reading credentials files) only when this changes, not on every object opened.
+std::string configuration_fingerprint(std::initializer_list<const char*> variables,
+                                      std::initializer_list<std::string> files);
 
 // Appends a listing page to `out`, each name checked to be under the asked `prefix` (IoError
 // naming `where` for one that is not: a server's answer is not trusted to stay in the checkpoint).

@@ -69,7 +69,7 @@ ObjectListing parse_list_page(std::string_view body, const std::string& where, s
 class S3Client final : public ObjectStore {
  public:
   explicit S3Client(S3Config config) : config_(std::move(config)) {}
-  // The client for the current environment: one per configuration, shared.
+  // The client for the current environment, shared until the environment or the AWS files change.
   static std::shared_ptr<const S3Client> current();
 
   const S3Config& config() const { return config_; }
