@@ -112,6 +112,19 @@ def test_convert_between_a_disk_and_buckets(rng, tmp, store):
         got = leaves(tessel.checkpoint.restore(where))
         for path, want in leaves(tree).items():
             assert_bit_identical(got[path].to_numpy(), want, f"{where} {path}")
+    # MaxText's parameter-only checkpoint (step 0, item 'items', committed by its marker) into the
+    # bucket: the same bits as the same conversion to a disk.
+    tessel.checkpoint.convert(local, base + "/decode", to="maxtext-params")
+    tessel.checkpoint.convert(local, os.path.join(tmp, "decode"), to="maxtext-params")
+    assert tessel.checkpoint.steps(base + "/decode") == [0]
+    assert {i["name"] for i in tessel.checkpoint.items(base + "/decode/0")} == {"items"}
+    remote = leaves(tessel.checkpoint.restore(base + "/decode", item="items"))
+    here = leaves(tessel.checkpoint.restore(os.path.join(tmp, "decode"), item="items"))
+    assert set(remote) == set(here) == {"step"} | {"params/params/" + p for p in leaves(tree)}, sorted(remote)
+    for path, array in here.items():
+        assert_bit_identical(remote[path].to_numpy(), array.to_numpy(), f"maxtext-params {path}")
+    with pytest.raises(tessel.IoError, match="already exists"):
+        tessel.checkpoint.convert(local, base + "/decode", to="maxtext-params")
 
 
 def test_faults_are_retried_and_failures_are_clear(rng, tmp, store, monkeypatch):

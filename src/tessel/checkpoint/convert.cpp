@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "tessel/checkpoint/detail/io/parallel.h"
+#include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/orbax_layout.h"
 #include "tessel/checkpoint/detail/store/zarr.h"
 #include "tessel/checkpoint/manager.h"
@@ -37,36 +38,49 @@ std::unique_ptr<StateWriter> make_writer(CheckpointFormat format, const Location
   SaveOptions save = options.orbax;
   save.rules = rules;
   if (!options.as_step) return std::make_unique<CheckpointWriter>(dst, target, save);
-  // A CheckpointManager step, written inside `dst`'s temporary directory (step_root).
+  // A CheckpointManager step, written inside `dst`'s temporary directory (StepRoot).
   save.checkpoint_metadata = false;
-  const fs::path step_dir = dst.local("a directory of steps") / std::to_string(options.as_step->step);
-  std::error_code ec;
-  fs::create_directories(step_dir, ec);
-  if (ec) throw IoError("cannot create '" + step_dir.string() + "': " + ec.message());
+  const Location step_dir = dst / std::to_string(options.as_step->step);
+  if (step_dir.is_local()) {
+    std::error_code ec;
+    fs::create_directories(step_dir.local(), ec);
+    if (ec) throw IoError("cannot create '" + step_dir.string() + "': " + ec.message());
+  }
   return std::make_unique<CheckpointWriter>(step_dir / options.as_step->item, target, save);
 }
 
-// A directory of steps appears whole: written as `<dst>.orbax-checkpoint-tmp`, renamed at the end,
-// removed on failure.
+// A directory of steps appears whole. Local: written as `<dst>.orbax-checkpoint-tmp`, renamed at
+// the end. In a bucket: written in place under an empty prefix, the step counted by its commit
+// marker (write_step_metadata writes it last). Removed on failure.
 class StepRoot {
  public:
-  explicit StepRoot(const fs::path& dst) : dst_(dst) {
-    std::error_code ec;
-    if (fs::exists(dst, ec)) throw IoError("cannot save to '" + dst.string() + "': it already exists");
-    tmp_ = detail::begin_tmp_dir(dst);
+  explicit StepRoot(const Location& dst) : dst_(dst), tmp_(dst) {
+    if (dst.is_local()) {
+      std::error_code ec;
+      if (fs::exists(dst.local(), ec)) throw IoError("cannot save to '" + dst.string() + "': it already exists");
+      tmp_ = Location(detail::begin_tmp_dir(dst.local()));
+    } else if (detail::exists(dst)) {
+      throw IoError("cannot save to '" + dst.string() + "': it already exists");
+    } else if (dst.key().empty()) {
+      throw ValueError("cannot save to the root of the bucket '" + dst.string() + "': give a prefix");
+    }
   }
   ~StepRoot() {
-    std::error_code ec;
-    if (!committed_) fs::remove_all(tmp_, ec);
+    if (committed_) return;
+    try {
+      detail::remove_all(tmp_);
+    } catch (const Error&) {
+      // A bucket's leftovers hold no commit marker: no step; a later save clears them.
+    }
   }
-  const fs::path& tmp() const { return tmp_; }
+  const Location& tmp() const { return tmp_; }
   void commit(bool durable) {
-    detail::commit_tmp_dir(tmp_, dst_, durable, /*commit_file=*/false);
+    if (dst_.is_local()) detail::commit_tmp_dir(tmp_.local(), dst_.local(), durable, /*commit_file=*/false);
     committed_ = true;
   }
 
  private:
-  fs::path dst_, tmp_;
+  Location dst_, tmp_;
   bool committed_ = false;
 };
 
@@ -187,7 +201,7 @@ ConvertReport convert_mapped(const CheckpointItem& src, const Location& dst, con
   }
   add_extra(target, options.extra, on_host);
   std::optional<StepRoot> root;
-  if (options.as_step) root.emplace(dst.local("a directory of steps (MaxText's layout)"));
+  if (options.as_step) root.emplace(dst);
   std::unique_ptr<StateWriter> writer =
       make_writer(format, root ? root->tmp() : dst, target, writing, placed ? spec.rules : std::nullopt);
   RestoreOptions reading;
@@ -359,7 +373,7 @@ ConvertReport convert(const Runtime& rt, const CheckpointItem& src, const Locati
   State target = rename_prefixes(written, spec.rename);  // checks the renames before anything is written
   add_extra(target, options.extra, NamedSharding(*spec.mesh, {}));
   std::optional<StepRoot> root;
-  if (options.as_step) root.emplace(dst.local("a directory of steps (MaxText's layout)"));
+  if (options.as_step) root.emplace(dst);
   std::unique_ptr<StateWriter> writer = make_writer(format, root ? root->tmp() : dst, target, writing, spec.rules);
   // A batch of tensors (at most batch_bytes, or one larger tensor) is restored, written from its
   // blocks and dropped before the next, so memory stays near the largest tensor.

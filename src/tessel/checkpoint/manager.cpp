@@ -41,15 +41,22 @@ CheckpointManager::CheckpointManager(const Runtime& rt, Location root, Checkpoin
   open();
 }
 
-void write_step_metadata(const fs::path& step_dir, const std::vector<std::string>& pytree_items) {
+void write_step_metadata(const Location& step_dir, const std::vector<std::string>& pytree_items) {
   std::map<std::string, std::string> handlers;
   for (const std::string& item : pytree_items) {
-    detail::child_path(step_dir, item, "item name");
+    (void)detail::nested_location(step_dir, item, "item name");
     handlers[item] = detail::kPyTreeHandler;
   }
   const int64_t now = detail::now_ns();
-  detail::write_file(step_dir / detail::kCheckpointMetadata, detail::checkpoint_metadata_json(handlers, now, now), true);
-  detail::sync_directory(step_dir);
+  const std::string metadata = detail::checkpoint_metadata_json(handlers, now, now);
+  if (step_dir.is_local()) {
+    detail::write_file(step_dir.local() / detail::kCheckpointMetadata, metadata, true);
+    detail::sync_directory(step_dir.local());
+    return;
+  }
+  const std::shared_ptr<detail::OutputDir> out = detail::OutputDir::at(step_dir, true);
+  out->write(detail::kCheckpointMetadata, metadata);
+  out->write(detail::kCommitFile, "Checkpoint commit was successful to " + step_dir.string());  // last: the step is there
 }
 
 void CheckpointManager::open() {

@@ -42,9 +42,9 @@ struct CheckpointManagerOptions {
 };
 
 // Makes `step_dir` an Orbax CheckpointManager step holding the PyTree items written in it (by
-// CheckpointWriter or save): writes its `_CHECKPOINT_METADATA` naming them, durably. Throws
-// IoError naming the file.
-void write_step_metadata(const std::filesystem::path& step_dir, const std::vector<std::string>& pytree_items);
+// CheckpointWriter or save): writes its `_CHECKPOINT_METADATA` naming them, durably (in a bucket,
+// then the step's commit marker, as Orbax commits a step there). Throws IoError naming the file.
+void write_step_metadata(const Location& step_dir, const std::vector<std::string>& pytree_items);
 
 class CheckpointManager {
  public:
