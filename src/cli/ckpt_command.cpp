@@ -364,7 +364,7 @@ void add_ckpt_command(CLI::App& app) {
     location_option(c->add_option("dir", args->dir,
                                   "A checkpoint: an Orbax item, step directory or directory of steps; or a .safetensors "
                                   "file, a .safetensors.index.json or a directory holding model.safetensors[.index.json]; "
-                                  "local, or in a bucket (s3://bucket/prefix)"))
+                                  "local, or in a bucket (s3://bucket/prefix, gs://bucket/prefix)"))
         ->required();
     c->add_option("--step", args->step, "Step to use in a directory of steps (default: the latest)");
     c->add_option("--item", args->item, "Item of the step to use (default: its only PyTree item)");
@@ -411,7 +411,7 @@ void add_ckpt_command(CLI::App& app) {
   e->callback([args] { export_command(*args); });
   CLI::App* s = ckpt->add_subcommand("reshard", "Restore onto a mesh and save for that layout");
   common(s);
-  location_option(s->add_option("dst", args->dst, "New checkpoint directory (must not exist), local or s3://bucket/prefix"))
+  location_option(s->add_option("dst", args->dst, "New checkpoint directory (must not exist), local or s3://, gs://bucket/prefix"))
       ->required();
   mesh_opts(s);
   s->add_option("--compression", args->compression, "none, zstd or zstd:<level>");
@@ -425,7 +425,7 @@ void add_ckpt_command(CLI::App& app) {
       "  tessel ckpt convert ckpt/7 out/ --max-file-mb 4096      # Orbax -> model-0000i-of-0000N.safetensors");
   common(c);
   location_option(c->add_option("dst", args->dst,
-                                "New directory (must not exist), local or s3://bucket/prefix: an Orbax item, or a "
+                                "New directory (must not exist), local or s3://, gs://bucket/prefix: an Orbax item, or a "
                                 "Hugging Face model directory"))
       ->required();
   c->add_option("--to", args->to,

@@ -1,5 +1,5 @@
 // Options that take a path: a URL is refused on the command line, before any command runs, but
-// where a checkpoint may be in a bucket (s3://bucket/prefix).
+// where a checkpoint may be in a bucket (s3://bucket/prefix, gs://bucket/prefix).
 #include "cli/commands.h"
 #include "tessel/core/error.h"
 #include "tessel/core/location.h"

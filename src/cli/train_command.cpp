@@ -369,7 +369,7 @@ void add_train_command(CLI::App& app) {
   c->add_option("--seed", args->seed, "Seed of the parameters and of the data order")->capture_default_str();
   path_option(c->add_option("--data", args->data, "Training text (default: /usr/share/common-licenses/GPL-3)"));
   location_option(c->add_option("--checkpoint-dir", args->checkpoint_dir,
-                                "Save checkpoints here (Orbax layout), local or s3://bucket/prefix"));
+                                "Save checkpoints here (Orbax layout), local or s3://, gs://bucket/prefix"));
   c->add_option("--layout", args->layout,
                 "Checkpoint layout: tessel (the train state as item 'default') or maxtext (MaxText's TrainState as "
                 "item 'items': params/params/..., opt_state/0/{count,mu,nu}, step)")
