@@ -62,6 +62,25 @@ TEST(Ops, DotAndItsTransposesMatchTheHostOnRandomShardings) {
   }
 }
 
+// A weight gradient contracting a batch split over axes of size 1 (MaxText's batch over data and
+// fsdp on a tensor-only mesh) is whole, not a partial sum: its replicated block is computed once and
+// every device's replica shares it, as the same product on one device.
+TEST(Ops, ContractingOverAxesOfSizeOneLeavesNoPartialSum) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(11);
+  const Mesh mesh = Mesh::parse("data=1,fsdp=1,tensor=8");
+  const NamedSharding batch(mesh, {{"data", "fsdp"}, {}});
+  const Host x = random_host(rng, {12, 5}), g = random_host(rng, {12, 3});
+  const Tensor dw = ops::dot_tn(put(rt, x, batch), put(rt, g, batch));
+  EXPECT_FALSE(dw.is_partial());
+  EXPECT_EQ(dw.sharding(), NamedSharding(mesh, {}));
+  const Array& a = dw.shards();
+  for (int64_t d = 1; d < 8; ++d) EXPECT_EQ(a.shard(d).buffer.data(), a.shard(0).buffer.data()) << "device " << d;
+  const Tensor one = ops::dot_tn(put(rt, x, NamedSharding(Mesh::parse("data=1"), {})),
+                                 put(rt, g, NamedSharding(Mesh::parse("data=1"), {})));
+  EXPECT_EQ(values(dw), values(one));  // the same bits as one device's product
+}
+
 TEST(Ops, ElementwiseAndReductionsMatchTheHostWithBroadcasting) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(7);

@@ -54,8 +54,18 @@ Tensor record(Tensor out, std::vector<Tensor> inputs, Backward backward) {
   return out.with_node(std::move(node));
 }
 
+namespace {
+// A sum over the devices along axes of size 1 is each device's own term: those axes leave a
+// partial sum whole (a batch split over data=1, fsdp=1 on a tensor=8 mesh contracts over them).
+Axes summed_axes(const Mesh& mesh, Axes partial) {
+  std::erase_if(partial, [&](const std::string& axis) { return mesh.axis_size(axis) == 1; });
+  return partial;
+}
+}  // namespace
+
 Tensor output(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding, Axes partial,
               const BlockFn& fn) {
+  partial = summed_axes(sharding.mesh(), std::move(partial));
   if (like.is_abstract()) return Tensor::abstract(shape, dtype, sharding, std::move(partial));
   // A result that is not a partial sum holds equal replicas: on one host each block is computed once.
   Array a = partial.empty() ? detail::compute_blocks_once(like.shards().runtime(), shape, dtype, sharding, fn)
@@ -77,6 +87,7 @@ std::vector<Tensor> outputs(const Tensor& like, const std::vector<OutputLayout>&
 
 Tensor output_together(const Tensor& like, const Shape& shape, DType dtype, const NamedSharding& sharding,
                        Axes partial, const std::function<void(const std::vector<BlockTask>&)>& fn) {
+  partial = summed_axes(sharding.mesh(), std::move(partial));
   if (like.is_abstract()) return Tensor::abstract(shape, dtype, sharding, std::move(partial));
   Array a = detail::compute_blocks_together(like.shards().runtime(), shape, dtype, sharding, partial.empty(), fn);
   return partial.empty() ? Tensor(std::move(a)) : Tensor::partial_sum(std::move(a), std::move(partial));
