@@ -59,10 +59,9 @@ class StepRoot {
       std::error_code ec;
       if (fs::exists(dst.local(), ec)) throw IoError("cannot save to '" + dst.string() + "': it already exists");
       tmp_ = Location(detail::begin_tmp_dir(dst.local()));
-    } else if (detail::exists(dst)) {
-      throw IoError("cannot save to '" + dst.string() + "': it already exists");
-    } else if (dst.key().empty()) {
-      throw ValueError("cannot save to the root of the bucket '" + dst.string() + "': give a prefix");
+    } else {
+      detail::refuse_bucket_root(dst);
+      if (detail::exists(dst)) throw IoError("cannot save to '" + dst.string() + "': it already exists");
     }
   }
   ~StepRoot() {

@@ -80,9 +80,7 @@ void clear_destination(const Location& dir, const std::string& tmp_suffix) {
     detail::begin_tmp_dir(dir.local(), tmp_suffix.c_str());
     return;
   }
-  if (dir.key().empty())
-    throw ValueError("cannot save to the root of the bucket '" + dir.string() + "': give a prefix (" + dir.string() +
-                     "/name)");
+  detail::refuse_bucket_root(dir);
   if (detail::is_file(dir / detail::kCommitFile) || detail::is_file(dir))
     throw IoError("cannot save to '" + dir.string() + "': it already exists");
   if (detail::is_directory(dir)) detail::remove_all(dir);

@@ -297,25 +297,12 @@ GcsConfig GcsConfig::from_environment() {
 }
 
 std::shared_ptr<const GcsClient> GcsClient::current() {
-  static std::mutex mu;
-  static std::shared_ptr<const GcsClient> client;
-  static std::string made_from;
-  const std::string cloudsdk = env("CLOUDSDK_CONFIG");
   const std::string fingerprint = configuration_fingerprint(
       {"STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
        "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "HOME", "GCE_METADATA_HOST", "GCE_METADATA_ROOT",
        "NO_GCE_CHECK", "TESSEL_GCS_MAX_ATTEMPTS"},
-      {env("GOOGLE_APPLICATION_CREDENTIALS"),
-       (cloudsdk.empty() ? env("HOME") + "/.config/gcloud" : cloudsdk) + "/application_default_credentials.json"});
-  {
-    std::lock_guard lock(mu);
-    if (client && fingerprint == made_from) return client;
-  }
-  GcsConfig config = GcsConfig::from_environment();
-  std::lock_guard lock(mu);
-  made_from = fingerprint;
-  client = std::make_shared<const GcsClient>(std::move(config));
-  return client;
+      {env("GOOGLE_APPLICATION_CREDENTIALS"), gcloud_adc_file()});
+  return cached_client<GcsClient>(fingerprint, [] { return GcsClient(GcsConfig::from_environment()); });
 }
 
 std::string GcsClient::object_url(const std::string& bucket, const std::string& key) const {

@@ -83,6 +83,12 @@ std::string base64(const unsigned char* data, size_t n) {
 
 }  // namespace
 
+std::string gcloud_adc_file() {
+  std::string dir = env("CLOUDSDK_CONFIG");
+  if (dir.empty() && !env("HOME").empty()) dir = env("HOME") + "/.config/gcloud";
+  return dir.empty() ? std::string() : dir + "/application_default_credentials.json";
+}
+
 std::string base64url(std::string_view bytes) {
   std::string out = base64(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
   while (!out.empty() && out.back() == '=') out.pop_back();
@@ -132,10 +138,8 @@ GcsAuth GcsAuth::from_environment() {
   if (!path.empty() && !file_exists(path))
     throw ValueError(fmt::format("GOOGLE_APPLICATION_CREDENTIALS names '{}', which cannot be read", path));
   if (path.empty()) {
-    std::string dir = env("CLOUDSDK_CONFIG");
-    if (dir.empty() && !env("HOME").empty()) dir = env("HOME") + "/.config/gcloud";
-    const std::string adc = dir + "/application_default_credentials.json";
-    if (!dir.empty() && file_exists(adc)) path = adc;
+    const std::string adc = gcloud_adc_file();
+    if (!adc.empty() && file_exists(adc)) path = adc;
   }
   if (!path.empty()) {
     const nlohmann::json j = nlohmann::json::parse(read_text(path), nullptr, false);

@@ -64,6 +64,10 @@ class GcsAuth {
 std::string service_account_assertion(const std::string& client_email, const std::string& private_key_pem,
                                       const std::string& scope, const std::string& token_uri, int64_t now);
 
+// gcloud's application default credentials file ($CLOUDSDK_CONFIG or ~/.config/gcloud), "" when
+// neither is set; whether it exists is the caller's question.
+std::string gcloud_adc_file();
+
 // URL-safe base64 without padding (RFC 4648 section 5), as JWTs use it.
 std::string base64url(std::string_view bytes);
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -30,6 +31,24 @@ struct ObjectListing {
 // (reading credentials files) only when this changes, not on every object opened.
 std::string configuration_fingerprint(std::initializer_list<const char*> variables,
                                       std::initializer_list<std::string> files);
+
+// The shared client make() built, while `fingerprint` (configuration_fingerprint) stays the same;
+// a new one from make() when it changes. One cache per call site (per Make type).
+template <class Client, class Make>
+std::shared_ptr<const Client> cached_client(const std::string& fingerprint, Make make) {
+  static std::mutex mu;
+  static std::shared_ptr<const Client> client;
+  static std::string made_from;
+  {
+    std::lock_guard lock(mu);
+    if (client && fingerprint == made_from) return client;
+  }
+  auto fresh = std::make_shared<const Client>(make());  // outside the lock: it reads files
+  std::lock_guard lock(mu);
+  made_from = fingerprint;
+  client = std::move(fresh);
+  return client;
+}
 
 // Appends a listing page to `out`, each name checked to be under the asked `prefix` (IoError
 // naming `where` for one that is not: a server's answer is not trusted to stay in the checkpoint).

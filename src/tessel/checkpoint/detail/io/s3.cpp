@@ -256,23 +256,12 @@ std::string sigv4_authorization(const SignedRequest& request, const S3Credential
 }
 
 std::shared_ptr<const S3Client> S3Client::current() {
-  static std::mutex mu;
-  static std::shared_ptr<const S3Client> client;
-  static std::string made_from;
   const std::string fingerprint = configuration_fingerprint(
       {"AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HOME", "AWS_ACCESS_KEY_ID",
        "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",
        "AWS_ENDPOINT_URL", "TESSEL_S3_MAX_ATTEMPTS"},
       {home_file("AWS_SHARED_CREDENTIALS_FILE", "credentials"), home_file("AWS_CONFIG_FILE", "config")});
-  {
-    std::lock_guard lock(mu);
-    if (client && fingerprint == made_from) return client;
-  }
-  S3Config config = S3Config::from_environment();
-  std::lock_guard lock(mu);
-  made_from = fingerprint;
-  client = std::make_shared<const S3Client>(std::move(config));
-  return client;
+  return cached_client<S3Client>(fingerprint, [] { return S3Client(S3Config::from_environment()); });
 }
 
 S3Client::Result S3Client::send(const std::string& method, const std::string& bucket, const std::string& key,

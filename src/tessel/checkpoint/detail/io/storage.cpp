@@ -36,8 +36,6 @@ class StoredObject final : public ByteSource {
   int64_t size_;
 };
 
-std::shared_ptr<const ObjectStore> client_for(const Location& loc) { return ObjectStore::for_location(loc); }
-
 std::string dir_prefix(const Location& loc) { return loc.key().empty() ? std::string() : loc.key() + "/"; }
 
 }  // namespace
@@ -55,7 +53,7 @@ bool is_file(const Location& loc) {
     return fs::is_regular_file(fs::symlink_status(loc.local(), ec));
   }
   if (loc.key().empty()) return false;
-  return client_for(loc)->head(loc.bucket(), loc.key()).has_value();
+  return ObjectStore::for_location(loc)->head(loc.bucket(), loc.key()).has_value();
 }
 
 bool is_directory(const Location& loc) {
@@ -63,7 +61,7 @@ bool is_directory(const Location& loc) {
     std::error_code ec;
     return fs::is_directory(fs::symlink_status(loc.local(), ec));
   }
-  const ObjectListing l = client_for(loc)->list(loc.bucket(), dir_prefix(loc), "/", 1);
+  const ObjectListing l = ObjectStore::for_location(loc)->list(loc.bucket(), dir_prefix(loc), "/", 1);
   return !l.objects.empty() || !l.prefixes.empty();
 }
 
@@ -82,7 +80,7 @@ std::vector<StorageEntry> list_directory(const Location& dir) {
     if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message());
   } else {
     const std::string prefix = dir_prefix(dir);
-    const ObjectListing l = client_for(dir)->list(dir.bucket(), prefix, "/");
+    const ObjectListing l = ObjectStore::for_location(dir)->list(dir.bucket(), prefix, "/");
     for (const std::string& p : l.prefixes) {
       std::string name = p.substr(prefix.size());
       if (name.ends_with('/')) name.pop_back();
@@ -109,7 +107,7 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc) {
     if (!fs::exists(fs::symlink_status(loc.local(), ec))) return nullptr;
     return std::make_shared<const File>(File::open_read(loc.local()));
   }
-  auto client = client_for(loc);
+  auto client = ObjectStore::for_location(loc);
   const std::optional<int64_t> size = client->head(loc.bucket(), loc.key());
   if (!size) return nullptr;
   return std::make_shared<const StoredObject>(std::move(client), loc, *size);
@@ -123,7 +121,7 @@ std::optional<std::string> read_small(const Location& loc, int64_t max_bytes) {
     }
     return read_file(loc.local(), max_bytes);
   }
-  return client_for(loc)->read_all(loc.bucket(), loc.key(), max_bytes);
+  return ObjectStore::for_location(loc)->read_all(loc.bucket(), loc.key(), max_bytes);
 }
 
 void remove_file(const Location& loc) {
@@ -133,7 +131,13 @@ void remove_file(const Location& loc) {
     if (ec) throw IoError("cannot remove '" + loc.string() + "': " + ec.message());
     return;
   }
-  client_for(loc)->remove(loc.bucket(), loc.key());
+  ObjectStore::for_location(loc)->remove(loc.bucket(), loc.key());
+}
+
+void refuse_bucket_root(const Location& dir) {
+  if (!dir.is_local() && dir.key().empty())
+    throw ValueError("cannot save to the root of the bucket '" + dir.string() + "': give a prefix (" + dir.string() +
+                     "/name)");
 }
 
 void remove_all(const Location& dir) {
@@ -144,7 +148,7 @@ void remove_all(const Location& dir) {
     return;
   }
   if (dir.key().empty()) throw ValueError("refusing to remove every object of the bucket '" + dir.string() + "'");
-  client_for(dir)->remove_all(dir.bucket(), dir_prefix(dir));
+  ObjectStore::for_location(dir)->remove_all(dir.bucket(), dir_prefix(dir));
 }
 
 Location nested_location(const Location& root, std::string_view relative, std::string_view what) {

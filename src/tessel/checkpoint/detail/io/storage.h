@@ -36,6 +36,10 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc);
 // The whole file or object, refused above `max_bytes`; nullopt when there is none.
 std::optional<std::string> read_small(const Location& loc, int64_t max_bytes);
 
+// Throws ValueError for a bucket's root as the place of a save: a leftover cleanup there would
+// take the bucket's other objects with it.
+void refuse_bucket_root(const Location& dir);
+
 // The file or object, when it is there.
 void remove_file(const Location& loc);
 // Everything below `dir`: a local directory tree, or every object under a bucket prefix (never a
