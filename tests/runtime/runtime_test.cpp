@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -199,6 +200,28 @@ TEST(DeviceMemory, FreedLargeBlocksAreReusedAndCountAgainstTheLimit) {
   d.deallocate(c, int64_t{6} << 20, "c");
   d.release_cached_memory();
   EXPECT_EQ(d.memory_stats().cached, 0);
+}
+
+TEST(DeviceMemory, TheBlockFreedLastIsReusedFirst) {
+  // Of several cached blocks of one size, the one freed last comes back (its bytes are the
+  // likeliest to be in the CPU's caches); then the one before it.
+  Device d(0, 0, std::nullopt);
+  const int64_t size = int64_t{2} << 20;
+  std::vector<std::byte*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(d.allocate(size, "x"));
+  for (std::byte* b : blocks) d.deallocate(b, size, "x");
+  std::vector<std::byte*> again;
+  again.push_back(d.allocate(size, "y"));
+  again.push_back(d.allocate(size, "y"));
+  EXPECT_EQ(again[0], blocks[2]);
+  EXPECT_EQ(again[1], blocks[1]);
+  // A block of another size is not taken for this one.
+  std::byte* other = d.allocate(size + 4096, "z");
+  EXPECT_NE(other, blocks[0]);
+  again.push_back(d.allocate(size, "y"));
+  EXPECT_EQ(again[2], blocks[0]);
+  for (std::byte* b : again) d.deallocate(b, size, "y");
+  d.deallocate(other, size + 4096, "z");
 }
 
 TEST(DeviceMemory, ArraysChargeTheirLabelAndTheTableShowsIt) {

@@ -156,7 +156,11 @@ std::byte* Device::take_block(int64_t bytes, const std::string& label) {
   const int64_t size = rounded(bytes);
   {
     std::lock_guard lock(mu_);
-    if (auto it = cache_.find(size); it != cache_.end()) {
+    // The block of this size freed last: its bytes are likeliest still in the CPU's caches, where
+    // the op about to fill it writes without first fetching the lines from memory (the oldest, as
+    // multimap::find gives, is the coldest).
+    if (auto it = cache_.upper_bound(size); it != cache_.begin() && std::prev(it)->first == size) {
+      it = std::prev(it);
       std::byte* data = it->second;
       stats_.cached -= size;
       cache_.erase(it);
