@@ -5,6 +5,7 @@ Usage: ab_rounds.py OLD NEW [ROUNDS] [MODEL] [MESH]   (defaults: 60 lm data=1)
 Prints one JSON object: speed = OLD's step / NEW's (above 1: NEW is faster) and its quartiles.
 """
 import json
+import os
 import sys
 
 import rounds
@@ -14,7 +15,15 @@ def main():
     if len(sys.argv) < 3:
         raise SystemExit(__doc__)
     old, new = sys.argv[1], sys.argv[2]
-    count = int(sys.argv[3]) if len(sys.argv) > 3 else 60
+    for binary in (old, new):
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            raise SystemExit(f"ab_rounds.py: {binary!r} is not an executable bench_train_rounds")
+    try:
+        count = int(sys.argv[3]) if len(sys.argv) > 3 else 60
+    except ValueError:
+        raise SystemExit(f"ab_rounds.py: ROUNDS must be a whole number, got {sys.argv[3]!r}") from None
+    if count < 2:
+        raise SystemExit(f"ab_rounds.py: ROUNDS must be at least 2 (each build steps every other round), got {count}")
     model = sys.argv[4] if len(sys.argv) > 4 else "lm"
     mesh = sys.argv[5] if len(sys.argv) > 5 else "data=1"
     proc, old_step = rounds.tessel_stepper(old, model, mesh)

@@ -600,6 +600,43 @@ TEST(NnOps, RopeHasTheScalarFormulasBitsOnAnyMesh) {
   }
 }
 
+// Rope's tables of cos and sin are kept between calls: a call gets the table of its own
+// timescale, length and direction, also after others (more than the cache holds) came between.
+TEST(NnOps, RopeReusesATableOnlyForItsOwnPositionsAndFrequencies) {
+  Runtime rt = Runtime::host(4);
+  const Mesh mesh({{"data", 2}, {"model", 2}});
+  std::mt19937 rng(41);
+  const int64_t b = 2, h = 2, half = 5, d = 2 * half;
+  std::uniform_int_distribution<int> pick(0, 11);
+  for (int iter = 0; iter < 40; ++iter) {
+    const int which = pick(rng);  // 12 kinds of call: 3 timescales x 2 lengths x forward or back
+    const double timescale = which % 3 == 0 ? 10000.0 : which % 3 == 1 ? 500000.0 : 37.0;
+    const int64_t s = (which / 3) % 2 ? 6 : 8;
+    const bool back = which >= 6;
+    SCOPED_TRACE("timescale " + std::to_string(timescale) + " seq " + std::to_string(s) + (back ? " back" : ""));
+    const Host x = random_host(rng, {b, s, h, d});
+    const Tensor tx = ops::requires_grad(put(rt, x, NamedSharding(mesh, PartitionSpec({{"data"}, {"model"}}))));
+    const Tensor y = ops::rope(tx, 1, timescale);
+    const std::vector<double> got =
+        back ? values(ops::grad(ops::sum(ops::mul(y, put(rt, x, NamedSharding(mesh, {})))), {tx})[0]) : values(y);
+    std::vector<double> want(x.v.size());
+    const double sign = back ? -1.0 : 1.0;
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t p = 0; p < s; ++p)
+        for (int64_t k = 0; k < half; ++k) {
+          const double angle = static_cast<double>(p) * (1.0 / std::pow(timescale, 2.0 * static_cast<double>(k) / d));
+          const double c = std::cos(angle), sn = sign * std::sin(angle);
+          for (int64_t j = 0; j < h; ++j) {
+            const size_t base = static_cast<size_t>(((i * s + p) * h + j) * d);
+            const double x1 = x.v[base + k], x2 = x.v[base + k + half];
+            want[base + k] = x1 * c - x2 * sn;
+            want[base + k + half] = x2 * c + x1 * sn;
+          }
+        }
+    EXPECT_EQ(got, want);
+  }
+}
+
 // rope with a scale has the bits of scale after rope, forward and gradient (the gradient scaled
 // before it is rotated back), on random meshes in f32 and f64, head_dim 70 (vector tails).
 TEST(NnOps, RopeWithAScaleHasTheBitsOfScaleAfterRope) {

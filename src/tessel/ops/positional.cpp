@@ -2,6 +2,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <list>
+#include <memory>
+#include <mutex>
 #include <numbers>
 #include <numeric>
 #include <optional>
@@ -75,10 +78,8 @@ struct RopeTable {
 };
 
 template <class T>
-RopeTable<T> rope_table(WorkerPool& pool, int64_t seq, int64_t d, double sign, const RopeStyle& style) {
-  const int64_t half = d / 2;
-  std::vector<double> freq(static_cast<size_t>(half));
-  for (int64_t k = 0; k < half; ++k) freq[k] = rope_frequency(style, k, d);
+RopeTable<T> compute_rope_table(WorkerPool& pool, int64_t seq, const std::vector<double>& freq, double sign) {
+  const auto half = static_cast<int64_t>(freq.size());
   RopeTable<T> t{std::vector<T>(static_cast<size_t>(seq * half)), std::vector<T>(static_cast<size_t>(seq * half))};
   constexpr int64_t kGrain = 16;  // positions per task
   pool.parallel_for((seq + kGrain - 1) / kGrain, [&](int64_t p) {
@@ -91,6 +92,54 @@ RopeTable<T> rope_table(WorkerPool& pool, int64_t seq, int64_t d, double sign, c
     }
   });
   return t;
+}
+
+// The tables last asked for, by their exact frequencies, length and sign: a training step asks for
+// the same few again and again (each layer's queries and keys, forward and back), and a table's
+// sines and cosines took longer than the rotation itself.
+template <class T>
+class RopeTableCache {
+ public:
+  std::shared_ptr<const RopeTable<T>> get(WorkerPool& pool, int64_t seq, const std::vector<double>& freq,
+                                          double sign) {
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->seq == seq && it->sign == sign && it->freq == freq) {
+          entries_.splice(entries_.begin(), entries_, it);  // most recent first
+          return entries_.front().table;
+        }
+      }
+    }
+    // Computed outside the lock: the pool's tasks must not wait on it.
+    auto table = std::make_shared<const RopeTable<T>>(compute_rope_table<T>(pool, seq, freq, sign));
+    if (seq * static_cast<int64_t>(freq.size()) > kMaxElements) return table;
+    std::lock_guard lock(mu_);
+    entries_.push_front({seq, sign, freq, table});
+    if (entries_.size() > kMaxEntries) entries_.pop_back();
+    return table;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 8;
+  static constexpr int64_t kMaxElements = int64_t{1} << 20;  // per table: 8 MiB of cos and sin as float
+  struct Entry {
+    int64_t seq;
+    double sign;
+    std::vector<double> freq;
+    std::shared_ptr<const RopeTable<T>> table;
+  };
+  std::mutex mu_;
+  std::list<Entry> entries_;
+};
+
+template <class T>
+std::shared_ptr<const RopeTable<T>> rope_table(WorkerPool& pool, int64_t seq, int64_t d, double sign,
+                                               const RopeStyle& style) {
+  std::vector<double> freq(static_cast<size_t>(d / 2));
+  for (int64_t k = 0; k < d / 2; ++k) freq[k] = rope_frequency(style, k, d);
+  static RopeTableCache<T> cache;
+  return cache.get(pool, seq, freq, sign);
 }
 
 // `scale` multiplies the rotation's output, or with `scale_input` its input (the gradient).
@@ -125,16 +174,15 @@ Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, const RopeStyle& s
   Tensor out;
   dispatch_float(placed.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const RopeTable<T> table = placed.is_abstract()
-                                   ? RopeTable<T>{}
-                                   : rope_table<T>(placed.shards().runtime().pool(), placed.shape()[seq_dim],
-                                                   placed.shape()[placed.rank() - 1], sign, style);
+    const auto table = placed.is_abstract() ? std::make_shared<const RopeTable<T>>()
+                                            : rope_table<T>(placed.shards().runtime().pool(), placed.shape()[seq_dim],
+                                                            placed.shape()[placed.rank() - 1], sign, style);
     out = output(placed, placed.shape(), placed.dtype(), placed.sharding(), placed.partial(),
                   [&](int64_t device, const Box& box, std::byte* o) {
                     // The gradient (sign -1) is scaled before it is rotated back, as scale's own
                     // gradient would come first.
                     rope_block<T>(box, seq_dim, reinterpret_cast<const T*>(block(placed, device)),
-                                  reinterpret_cast<T*>(o), table, style.interleaved, static_cast<T>(style.scale),
+                                  reinterpret_cast<T*>(o), *table, style.interleaved, static_cast<T>(style.scale),
                                   sign < 0);
                   });
   });

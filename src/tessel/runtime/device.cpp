@@ -159,8 +159,8 @@ std::byte* Device::take_block(int64_t bytes, const std::string& label) {
     // The block of this size freed last: its bytes are likeliest still in the CPU's caches, where
     // the op about to fill it writes without first fetching the lines from memory (the oldest, as
     // multimap::find gives, is the coldest).
-    if (auto it = cache_.upper_bound(size); it != cache_.begin() && std::prev(it)->first == size) {
-      it = std::prev(it);
+    if (auto [first, last] = cache_.equal_range(size); first != last) {
+      const auto it = std::prev(last);
       std::byte* data = it->second;
       stats_.cached -= size;
       cache_.erase(it);
