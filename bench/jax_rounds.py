@@ -8,6 +8,9 @@ import sys
 
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={int(sys.argv[1])}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The tessel process's OpenMP threads (oneDNN's libgomp) would spin after each of its steps on the
+# cores JAX's step is about to use (bench/torch_rounds.py): they wait passively instead.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import jax  # noqa: E402
 

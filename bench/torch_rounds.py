@@ -3,12 +3,20 @@ steps of bench/torch_peer.py against bench_train's on 1 device.
 Usage: torch_rounds.py THREADS ROUNDS BENCH_TRAIN_ROUNDS  -> one JSON object per model on stdout.
 """
 import json
+import os
 import sys
 
-import torch
+# PyTorch's OpenMP threads spin after each parallel region (libgomp's default), and so would the
+# tessel process's (oneDNN's libgomp), on the cores the other side's step is about
+# to use: in alternating rounds on two cores tessel's MLP step measured 0.22 s against 0.15 s
+# alone, and PyTorch's slowed too. Both sides wait passively between steps: set before torch
+# loads libgomp, and inherited by the tessel process.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import rounds
-import torch_peer
+import torch  # noqa: E402
+
+import rounds  # noqa: E402
+import torch_peer  # noqa: E402
 
 
 def main():

@@ -89,6 +89,10 @@ TEST_F(GcsEnv, EndpointsFromTheEmulatorVariables) {
   EXPECT_EQ(c.max_attempts, 3);
   EXPECT_EQ(c.auth.source(), GcsAuth::Source::kFixedToken);
   EXPECT_EQ(c.auth.authorization(), "Bearer fixed");
+  // A fixed token cannot be renewed: a 401 to it is the answer; nor can no credentials.
+  EXPECT_FALSE(c.auth.renew_after_refusal("Bearer fixed"));
+  EXPECT_EQ(c.auth.authorization(), "Bearer fixed");
+  EXPECT_FALSE(GcsAuth::none("an emulator").renew_after_refusal(""));
 
   // An emulator named by host:port: plain HTTP, no credentials whatever else is set.
   env_.set("STORAGE_EMULATOR_HOST", "localhost:9023");
@@ -122,6 +126,7 @@ TEST_F(GcsEnv, CredentialsInGooglesOrder) {
   a = GcsAuth::from_environment();
   EXPECT_EQ(a.source(), GcsAuth::Source::kMetadataServer);
   EXPECT_EQ(a.hint(), "the metadata server at http://127.0.0.1:8080");
+  EXPECT_TRUE(a.renew_after_refusal("Bearer some-token"));  // the metadata server mints new ones
 }
 
 TEST_F(GcsEnv, BadCredentialsFilesAreNamed) {

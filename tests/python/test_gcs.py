@@ -60,6 +60,7 @@ class TokenServer:
 
     def __init__(self, public_key, email, user):
         self.requests = []
+        self.sa_token = "sa-token"  # what the JWT bearer grant gives now
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -90,7 +91,8 @@ class TokenServer:
                     claims = server.verify(form["assertion"][0], f"{server.url}/token")
                     if claims is None or claims["iss"] != email:
                         return self.answer(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
-                    return self.answer(200, {"access_token": "sa-token", "expires_in": 3600, "token_type": "Bearer"})
+                    return self.answer(200, {"access_token": server.sa_token, "expires_in": 3600,
+                                             "token_type": "Bearer"})
                 if grant == "refresh_token" and all(form.get(k, [""])[0] == v for k, v in user.items()):
                     return self.answer(200, {"access_token": "user-token", "expires_in": 3600, "token_type": "Bearer"})
                 self.answer(400, {"error": "invalid_grant"})
@@ -178,6 +180,24 @@ def test_application_default_credentials(rng, tmp, server, monkeypatch):
             assert_bit_identical(value.to_numpy(), tree[name], name)
         assert tokens.requests == [("POST", "urn:ietf:params:oauth:grant-type:jwt-bearer")], tokens.requests
         assert len(proxy.authorizations) > 5 and set(proxy.authorizations) == {"Bearer sa-token"}
+
+        # The store stops taking the token before it expires (revoked, rotated): a new one is
+        # fetched once, and the refused requests are sent again with it.
+        tokens.sa_token = "sa-token-2"
+        proxy.require = "Bearer sa-token-2"
+        before = len(tokens.requests)
+        for name, value in tessel.checkpoint.restore(url).items():
+            assert_bit_identical(value.to_numpy(), tree[name], name)
+        assert tokens.requests[before:] == [("POST", "urn:ietf:params:oauth:grant-type:jwt-bearer")], tokens.requests
+        assert proxy.authorizations[-1] == "Bearer sa-token-2"
+        # A new token the store refuses too: its 401 is the answer (one renewal per request, no loop).
+        tokens.sa_token = "sa-token-3"
+        proxy.require = "Bearer sa-token-4"
+        before = len(tokens.requests)
+        with pytest.raises(tessel.IoError, match=r"answered HTTP 401"):
+            tessel.checkpoint.restore(url)
+        assert len(tokens.requests) > before
+        assert set(tokens.requests[before:]) == {("POST", "urn:ietf:params:oauth:grant-type:jwt-bearer")}
 
         # gcloud's application default credentials file, when the variable names none.
         monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")

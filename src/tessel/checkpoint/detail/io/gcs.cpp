@@ -317,12 +317,19 @@ std::string GcsClient::upload_url(const std::string& bucket) const {
 HttpResponse GcsClient::send(const std::string& method, const std::string& url,
                              std::vector<std::pair<std::string, std::string>> headers, std::span<const std::byte> body,
                              std::span<std::byte> into) const {
+  bool renewed = false;  // one new token per request: a store that refuses that one too is answered
   for (int attempt = 1;; ++attempt) {
     HttpRequest request{method, url, headers, body};
-    if (std::string auth = config_.auth.authorization(); !auth.empty()) request.headers.emplace_back("authorization", auth);
+    const std::string auth = config_.auth.authorization();
+    if (!auth.empty()) request.headers.emplace_back("authorization", auth);
     const bool last = attempt >= config_.max_attempts;
     try {
       HttpResponse r = http_send(request, into);
+      if (r.status == 401 && !renewed && !auth.empty() && config_.auth.renew_after_refusal(auth)) {
+        renewed = true;
+        --attempt;  // not a failure of the store's: the same request again, at once, with a new token
+        continue;
+      }
       if (last || !retryable(r.status)) return r;
     } catch (const HttpTransportError& e) {
       if (last) throw IoError(fmt::format("{} (gave up after {} attempts)", e.what(), attempt));

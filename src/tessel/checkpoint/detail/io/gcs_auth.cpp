@@ -200,6 +200,13 @@ std::string GcsAuth::authorization() const {
   return "Bearer " + token_;
 }
 
+bool GcsAuth::renew_after_refusal(const std::string& authorization) const {
+  if (source_ == Source::kNone || source_ == Source::kFixedToken) return false;
+  std::lock_guard lock(mu_);
+  if ("Bearer " + token_ == authorization) token_.clear();
+  return true;
+}
+
 void GcsAuth::fetch_token() const {
   HttpRequest request;
   std::string body;

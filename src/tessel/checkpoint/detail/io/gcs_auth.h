@@ -8,7 +8,7 @@
 //      NO_GCE_CHECK is true) or where GCE_METADATA_HOST / GCE_METADATA_ROOT name one;
 //   5. else none: requests go unauthenticated (public buckets, emulators), and an answer of 401 or
 //      403 names where credentials were looked for.
-// A token is kept until five minutes before it expires.
+// A token is kept until five minutes before it expires, or until the store refuses it (401).
 #pragma once
 
 #include <chrono>
@@ -42,6 +42,11 @@ class GcsAuth {
   // none is held or it is due for renewal (gcs_auth.cpp); throws IoError naming the token server when
   // that fails. Thread-safe.
   std::string authorization() const;
+  // After a 401 to a request that carried `authorization`: whether a new token is worth asking
+  // for (the source can mint one), and if so the held token is dropped unless another request
+  // already replaced it, so the next authorization() fetches a fresh one. Google's libraries
+  // do the same for a token revoked or rotated before its expiry.
+  bool renew_after_refusal(const std::string& authorization) const;
 
  private:
   GcsAuth() = default;
