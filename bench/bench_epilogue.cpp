@@ -8,14 +8,13 @@
 //      gradient dY * gelu'(h)) against dnnl_sgemm plus a separate multiply pass.
 // Usage: bench_epilogue [REPS]   (default 40; prints one JSON object per comparison: medians, ms)
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <oneapi/dnnl/dnnl.hpp>
-#include <string>
 #include <vector>
 
 #include "tessel/ops/detail/packed_gemm.h"
