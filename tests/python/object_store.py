@@ -207,6 +207,7 @@ class FaultProxy:
     def __init__(self, upstream: str, rate: float, seed: int):
         self.authorizations = []  # each request's Authorization header ("" without)
         self.require = None  # when set, a request without "Authorization: <require>" is answered 401
+        self.on_request = None  # when set, called with (method, path) as a request comes in, before the rest
         self.upstream = upstream.removeprefix("http://")
         self.rate = rate
         self.rng = random.Random(seed)
@@ -225,6 +226,9 @@ class FaultProxy:
 
             def handle_any(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+                with proxy.lock:
+                    if proxy.on_request:
+                        proxy.on_request(self.command, self.path)
                 authorization = self.headers.get("Authorization", "")
                 with proxy.lock:
                     proxy.authorizations.append(authorization)

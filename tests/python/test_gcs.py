@@ -190,6 +190,28 @@ def test_application_default_credentials(rng, tmp, server, monkeypatch):
             assert_bit_identical(value.to_numpy(), tree[name], name)
         assert tokens.requests[before:] == [("POST", "urn:ietf:params:oauth:grant-type:jwt-bearer")], tokens.requests
         assert proxy.authorizations[-1] == "Bearer sa-token-2"
+        # The same in the middle of a resumable upload: the store stops taking the token after the
+        # first chunk; the refused chunk goes again with a new token, and the object is whole.
+        puts = []
+
+        def rotate_at_second_chunk(method, path):
+            if method == "PUT":  # only a resumable session's chunks and status queries are PUTs
+                puts.append(path)
+                if len(puts) == 2:
+                    tokens.sa_token = "sa-token-5"
+                    proxy.require = "Bearer sa-token-5"
+
+        big = {"w": random_array(rng, (rng.randrange(1100, 1500), 4096), "float32")}  # 17 to 24 MiB: two chunks
+        before = len(tokens.requests)
+        proxy.on_request = rotate_at_second_chunk
+        try:
+            tessel.checkpoint.save(url + "-big", big)
+        finally:
+            proxy.on_request = None
+        assert len(puts) >= 3, puts  # two chunks, the second twice
+        assert len(tokens.requests) > before
+        assert set(tokens.requests[before:]) == {("POST", "urn:ietf:params:oauth:grant-type:jwt-bearer")}
+        assert_bit_identical(tessel.checkpoint.restore(url + "-big")["w"].to_numpy(), big["w"], "saved across a new token")
         # A new token the store refuses too: its 401 is the answer (one renewal per request, no loop).
         tokens.sa_token = "sa-token-3"
         proxy.require = "Bearer sa-token-4"

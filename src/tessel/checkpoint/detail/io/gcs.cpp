@@ -150,7 +150,7 @@ class GcsUpload final : public PartUpload {
                      : fmt::format("bytes */{}", total >= 0 ? std::to_string(total) : "*");
       std::optional<HttpResponse> r;
       try {
-        r = http_send(request("PUT", range, bytes.subspan(static_cast<size_t>(from - offset))));
+        r = session_put(range, bytes.subspan(static_cast<size_t>(from - offset)));
       } catch (const HttpTransportError& e) {
         if (attempt >= client_->config().max_attempts)
           throw IoError(fmt::format("uploading {}: {} (gave up after {} attempts)", where(), e.what(), attempt));
@@ -177,7 +177,7 @@ class GcsUpload final : public PartUpload {
   std::optional<int64_t> status_query(int64_t offset, int64_t total) {
     for (int attempt = 1;; ++attempt) {
       try {
-        const HttpResponse r = http_send(request("PUT", fmt::format("bytes */{}", total >= 0 ? std::to_string(total) : "*"), {}));
+        const HttpResponse r = session_put(fmt::format("bytes */{}", total >= 0 ? std::to_string(total) : "*"), {});
         if (r.status == 308) {
           const int64_t held = persisted(r);
           if (held < offset)
@@ -198,9 +198,18 @@ class GcsUpload final : public PartUpload {
     }
   }
 
-  HttpRequest request(const std::string& method, const std::string& content_range, std::span<const std::byte> body) {
-    HttpRequest r{method, session_, {{"content-range", content_range}}, body};
-    if (std::string auth = client_->config().auth.authorization(); !auth.empty()) r.headers.emplace_back("authorization", auth);
+  // A PUT to the session. A 401 gets a new token and the same PUT once more, as GcsClient::send
+  // does: a token revoked or rotated in the middle of a long upload (the refused PUT stored nothing).
+  HttpResponse session_put(const std::string& content_range, std::span<const std::byte> body) {
+    const GcsAuth& auth = client_->config().auth;
+    auto put = [&](const std::string& authorization) {
+      HttpRequest r{"PUT", session_, {{"content-range", content_range}}, body};
+      if (!authorization.empty()) r.headers.emplace_back("authorization", authorization);
+      return http_send(r);
+    };
+    const std::string authorization = auth.authorization();
+    HttpResponse r = put(authorization);
+    if (r.status == 401 && !authorization.empty() && auth.renew_after_refusal(authorization)) r = put(auth.authorization());
     return r;
   }
 
