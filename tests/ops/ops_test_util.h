@@ -22,6 +22,14 @@ struct Host {
   int64_t size() const { return static_cast<int64_t>(v.size()); }
 };
 
+// n floats drawn from the standard normal distribution.
+inline std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> dist;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
 inline Host random_host(std::mt19937& rng, std::vector<int64_t> shape) {
   Host h{shape, {}};
   int64_t n = 1;

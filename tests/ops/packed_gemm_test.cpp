@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ops/ops_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/packed_gemm.h"
@@ -18,17 +19,11 @@
 namespace tessel {
 namespace {
 
+using testing::random_floats;
 using ops::detail::packed_gemm;
 using ops::detail::packed_gemm_sum;
 using ops::detail::RowBlock;
 using ops::detail::SumTerm;
-
-std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
-  std::normal_distribution<float> dist;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
 Tensor put_on(const Runtime& rt, const Mesh& mesh, const std::vector<float>& v, const Shape& shape, const PartitionSpec& spec) {
   return Tensor(device_put(rt, HostArray::from<float>(shape, std::span<const float>(v)), NamedSharding(mesh, spec)));
@@ -72,7 +67,7 @@ TEST(PackedGemm, MatchesADoubleReferenceOnEdgeShapes) {
       for (int64_t k : {0, 1, 255, 256, 257, 600}) {
         for (int trans = 0; trans < 4; ++trans) {
           const bool trans_a = trans & 1, trans_b = trans & 2;
-          SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k " << k << " trans_a " << trans_a
+          SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " trans_a " << trans_a
                                           << " trans_b " << trans_b);
           const std::vector<float> a = random_floats(rng, m * k), b = random_floats(rng, k * n);
           std::vector<float> c(static_cast<size_t>(m * n), std::nanf(""));
@@ -120,7 +115,7 @@ TEST(PackedGemm, EveryInstructionSetGivesTheBitsOfOneChainPerKBlock) {
               want[i * n + j] = sum;
             }
           for (bool avx2 : {false, true}) {
-            SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k " << k << " trans_a " << trans_a
+            SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " trans_a " << trans_a
                                             << " trans_b " << trans_b << " AVX2 preferred " << avx2);
             ops::detail::packed_gemm_prefer_avx2(avx2);
             std::vector<float> c(want.size(), std::nanf(""));
@@ -141,7 +136,7 @@ TEST(PackedGemm, EveryInstructionSetGivesTheBitsOfOneChainPerKBlock) {
             want[i * n + j] = first + second;
           }
         for (bool avx2 : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "sum: m " << m << " n " << n << " k " << rows << " AVX2 preferred " << avx2);
+          SCOPED_TRACE(::testing::Message() << "sum: m " << m << " n " << n << " k " << rows << " AVX2 preferred " << avx2);
           ops::detail::packed_gemm_prefer_avx2(avx2);
           std::vector<float> c(want.size(), std::nanf(""));
           packed_gemm_sum(m, n, {{rows, a.data(), b.data()}, {rows, a2.data(), b2.data()}}, c.data());
@@ -197,7 +192,7 @@ TEST(PackedGemm, BInPiecesGivesTheBitsOfBDense) {
                                       {{0, 128, 256, 384}, {0}},
                                       {{0}, {0, 37, 64, 100}},
                                       {{0, 7, 7, 100, 263}, {0, 16, 17, 90, 149}}}) {
-      SCOPED_TRACE(testing::Message() << "trans_b " << trans_b << ", " << row_cuts.size() << " x " << col_cuts.size()
+      SCOPED_TRACE(::testing::Message() << "trans_b " << trans_b << ", " << row_cuts.size() << " x " << col_cuts.size()
                                       << " pieces");
       // The cuts that fall inside this B as stored (its rows are n when transposed).
       ops::detail::Pieces pieces{{}, {}, {}};
@@ -328,7 +323,7 @@ TEST(PackedGemmSum, HasTheBitsOfEachTermsProductSummedInOrder) {
   for (int64_t m : {1, 14, 15, 45}) {
     for (int64_t n : {1, 33, 256, 300}) {
       for (const std::vector<int64_t>& ks : std::vector<std::vector<int64_t>>{{5}, {64, 64, 64}, {3, 0, 256, 17}, {0}}) {
-        SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " terms " << ks.size() << " first k " << ks[0]);
+        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " terms " << ks.size() << " first k " << ks[0]);
         std::vector<std::vector<float>> a, b;
         std::vector<SumTerm> terms;
         for (int64_t k : ks) {
@@ -388,7 +383,7 @@ TEST(PackedGemmSum, WeightGradientsOfDeviceRowsAreSummedInGroupOrder) {
   for (const Case& c : {Case{"data=8", {{"data"}}, {"data"}}, Case{"data=2,fsdp=4", {{"data", "fsdp"}}, {"data", "fsdp"}},
                         Case{"fsdp=4,tensor=2", {{"fsdp"}}, {"fsdp"}}}) {
     for (bool three_d : {false, true}) {
-      SCOPED_TRACE(testing::Message() << c.mesh << (three_d ? " 3-D" : " 2-D"));
+      SCOPED_TRACE(::testing::Message() << c.mesh << (three_d ? " 3-D" : " 2-D"));
       const Mesh mesh = Mesh::parse(c.mesh);
       const int64_t rows = 90, k = 37, n = 41;  // 90 rows: 12 and 11 per device on 8
       const std::vector<float> x = random_floats(rng, rows * k), g = random_floats(rng, rows * n);
