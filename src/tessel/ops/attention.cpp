@@ -9,6 +9,7 @@
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/detail/rows.h"
+#include "tessel/ops/detail/softmax_kernels.h"
 #include "tessel/ops/detail/small_gemm.h"
 
 namespace tessel::ops {

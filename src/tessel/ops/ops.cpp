@@ -13,6 +13,7 @@
 #include "tessel/ops/detail/norm_kernels.h"
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/detail/rows.h"
+#include "tessel/ops/detail/softmax_kernels.h"
 #include "tessel/ops/detail/vmath.h"
 #include "tessel/runtime/collectives.h"
 #include "tessel/runtime/reshard.h"

@@ -9,7 +9,6 @@
 #include <limits>
 #include <type_traits>
 
-#include "tessel/ops/detail/vmath.h"
 
 namespace tessel::ops::detail {
 
@@ -34,35 +33,5 @@ template <class A, class Term, class Join>
 }
 
 constexpr auto kPlus = [](auto a, auto b) { return a + b; };
-
-// y = softmax(x) for each of `rows` rows of n (x == y allowed).
-template <class T>
-void softmax_rows(const T* x, T* y, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* in = x + r * n;
-    T* out = y + r * n;
-    const T m = reduce_lanes(n, -std::numeric_limits<T>::infinity(), [in](int64_t i) { return in[i]; },
-                             [](T a, T b) { return std::max(a, b); });
-    for (int64_t i = 0; i < n; ++i) out[i] = in[i] - m;
-    if constexpr (std::is_same_v<T, float>) {
-      exp_f32(out, out, n);
-    } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = std::exp(out[i]);
-    }
-    const T z = reduce_lanes(n, T(0), [out](int64_t i) { return out[i]; }, kPlus);
-    const T inv = T(1) / z;
-    for (int64_t i = 0; i < n; ++i) out[i] *= inv;
-  }
-}
-
-// dx = y * (g - sum(g * y)) per row (dx == g allowed).
-template <class T>
-void softmax_grad_rows(const T* y, const T* g, T* dx, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T *yr = y + r * n, *gr = g + r * n;
-    const T dot = reduce_lanes(n, T(0), [yr, gr](int64_t i) { return yr[i] * gr[i]; }, kPlus);
-    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = yr[i] * (gr[i] - dot);
-  }
-}
 
 }  // namespace tessel::ops::detail
