@@ -133,7 +133,7 @@ TEST(Attention, F32HasTheSameBitsOnEveryMesh) {
   }
 }
 
-// f32 (the small products on AVX-512 CPUs, per-head blocks of 64 queries) against f64, forward
+// f32 (oneDNN's or OpenBLAS's per-head products, blocks of 64 queries) against f64, forward
 // and backward, on random meshes: head widths of whole and partial registers, sequences across
 // the query blocks, grouped-query and windows.
 TEST(Attention, F32MatchesF64ForwardAndBackward) {

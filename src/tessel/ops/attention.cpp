@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -10,7 +9,6 @@
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/detail/rows.h"
 #include "tessel/ops/detail/softmax_kernels.h"
-#include "tessel/ops/detail/small_gemm.h"
 
 namespace tessel::ops {
 
@@ -73,37 +71,6 @@ std::byte* bytes(T* p) {
   return reinterpret_cast<std::byte*>(p);
 }
 
-// Whether T's products run small_gemm here (f32 on AVX-512: by the CPU alone, as for every
-// product, so a head's bits do not depend on the mesh); the others run gemm_strided.
-template <class T>
-bool small_products() {
-  if constexpr (std::is_same_v<T, float>) {
-    return small_gemm_supported();
-  } else {
-    return false;
-  }
-}
-
-// C [m, n] = (C +, when accumulate) op(A) B, A [m, k] stored transposed when trans_a (rows lda
-// apart either way): one head's block, on this thread.
-template <class T>
-void product(DType dt, bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
-             T* c, int64_t ldc, bool accumulate) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (small_products<T>())
-      return small_gemm(m, n, k, a, trans_a ? 1 : lda, trans_a ? lda : 1, b, ldb, c, ldc, accumulate);
-  }
-  gemm_strided(dt, trans_a, false, m, n, k, bytes(a), lda, bytes(b), ldb, bytes(c), ldc, accumulate);
-}
-
-// x [s, width] (rows x_row apart) transposed into `out` [width, s] for products against x^T,
-// where small_gemm runs them (its B is read by rows); the pair's keys or values, once for all
-// its heads and query blocks.
-template <class T>
-void transpose_rows(const Layout& l, const T* x, int64_t x_row, int64_t width, T* out) {
-  if constexpr (std::is_same_v<T, float>) transpose_block(l.s, width, x, x_row, out, l.s);
-}
-
 // Each row p of a block of queries [r0, r1) over the keys [lo, r1) its products read: zeros at
 // the keys outside [first_key(p), p], where fn(row + first, visible) runs. Keys outside [lo, r1)
 // are never read, and never written.
@@ -122,18 +89,12 @@ void visible_rows(const Layout& l, T* block, int64_t r0, int64_t r1, int64_t lo,
 // [s, s]; its rows of q, dq, o or do (rows q_row or o_row apart); the rows of its key/value head in
 // k, v, dk or dv (k_row or v_row apart).
 
-// P = softmax(mask(q k^T)) for one head; `kt` the pair's keys transposed ([d, s]) where
-// small_products, else nullptr.
+// P = softmax(mask(q k^T)) for one head.
 template <class T>
-void head_probabilities(const Layout& l, DType dt, const T* qi, const T* kj, const T* kt, T* pb) {
+void head_probabilities(const Layout& l, DType dt, const T* qi, const T* kj, T* pb) {
   l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-    if (kt) {
-      product(dt, false, r1 - r0, hi - lo, l.d, qi + r0 * l.q_row(), l.q_row(), kt + lo, l.s, pb + r0 * l.s + lo, l.s,
-              false);
-    } else {
-      gemm_strided(dt, false, true, r1 - r0, hi - lo, l.d, bytes(qi + r0 * l.q_row()), l.q_row(),
-                   bytes(kj + lo * l.k_row()), l.k_row(), bytes(pb + r0 * l.s + lo), l.s, false);
-    }
+    gemm_strided(dt, false, true, r1 - r0, hi - lo, l.d, bytes(qi + r0 * l.q_row()), l.q_row(), bytes(kj + lo * l.k_row()),
+                 l.k_row(), bytes(pb + r0 * l.s + lo), l.s, false);
     visible_rows(l, pb, r0, r1, lo, [](T* row, int64_t n) { softmax_rows(row, row, 1, n); });
   });
 }
@@ -144,23 +105,18 @@ template <class T>
 void head_rows_times(const Layout& l, DType dt, const T* wb, const T* xj, int64_t x_row, T* oi, int64_t out_row,
                      int64_t width) {
   l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-    product(dt, false, r1 - r0, width, hi - lo, wb + r0 * l.s + lo, l.s, xj + lo * x_row, x_row, oi + r0 * out_row,
-            out_row, false);
+    gemm_strided(dt, false, false, r1 - r0, width, hi - lo, bytes(wb + r0 * l.s + lo), l.s, bytes(xj + lo * x_row),
+                 x_row, bytes(oi + r0 * out_row), out_row, false);
   });
 }
 
 // dS = P * (dP - rowsum(dP * P)) with dP = do v^T: the gradient of one head's scores (zero where
-// masked); `vt` the pair's values transposed ([dv, s]) where small_products, else nullptr.
+// masked).
 template <class T>
-void head_score_grads(const Layout& l, DType dt, const T* pb, const T* vj, const T* vt, const T* go_i, T* db) {
+void head_score_grads(const Layout& l, DType dt, const T* pb, const T* vj, const T* go_i, T* db) {
   l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-    if (vt) {
-      product(dt, false, r1 - r0, hi - lo, l.dv, go_i + r0 * l.o_row(), l.o_row(), vt + lo, l.s, db + r0 * l.s + lo,
-              l.s, false);
-    } else {
-      gemm_strided(dt, false, true, r1 - r0, hi - lo, l.dv, bytes(go_i + r0 * l.o_row()), l.o_row(),
-                   bytes(vj + lo * l.v_row()), l.v_row(), bytes(db + r0 * l.s + lo), l.s, false);
-    }
+    gemm_strided(dt, false, true, r1 - r0, hi - lo, l.dv, bytes(go_i + r0 * l.o_row()), l.o_row(),
+                 bytes(vj + lo * l.v_row()), l.v_row(), bytes(db + r0 * l.s + lo), l.s, false);
     visible_rows(l, db, r0, r1, lo, [&](T* row, int64_t n) {
       const T* prob = pb + (row - db);
       softmax_grad_rows(prob, row, row, 1, n);
@@ -174,34 +130,29 @@ template <class T>
 void head_key_grads(const Layout& l, DType dt, const T* wb, const T* xi, int64_t x_row, T* out, int64_t out_row,
                     int64_t width) {
   l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-    product(dt, true, hi - lo, width, r1 - r0, wb + r0 * l.s + lo, l.s, xi + r0 * x_row, x_row, out + lo * out_row,
-            out_row, true);
+    gemm_strided(dt, true, false, hi - lo, width, r1 - r0, bytes(wb + r0 * l.s + lo), l.s, bytes(xi + r0 * x_row),
+                 x_row, bytes(out + lo * out_row), out_row, true);
   });
 }
 
 // The forward for batch row t and key/value head j: each head's probabilities, then its output
-// rows while they are in cache. `kt` scratch for the keys transposed ([d, s]) where
-// small_products.
+// rows while they are in cache.
 template <class T>
-void forward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v, T* p, T* o, T* kt, int64_t t,
-                  int64_t j) {
-  if (kt) transpose_rows(l, k + l.k_at(t, j), l.k_row(), l.d, kt);
+void forward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v, T* p, T* o, int64_t t, int64_t j) {
   for (int64_t gi = 0; gi < l.g; ++gi) {
     const int64_t i = j * l.g + gi;
     T* pb = p + l.p_at(t, j, gi);
-    head_probabilities(l, dt, q + l.q_at(t, i), k + l.k_at(t, j), static_cast<const T*>(kt), pb);
+    head_probabilities(l, dt, q + l.q_at(t, i), k + l.k_at(t, j), pb);
     head_rows_times(l, dt, pb, v + l.v_at(t, j), l.v_row(), o + l.o_at(t, i), l.o_row(), l.dv);
   }
 }
 
 // The backward for batch row t and key/value head j, one head at a time with its score gradients
 // in `ds` ([s, s] scratch, in cache while dq and dk use them): dq, dk, dv where asked (nullptr
-// otherwise). dk and dv sum the group's heads in order. `vt` scratch for the values transposed
-// ([dv, s]) where small_products and dq or dk is asked, else nullptr.
+// otherwise). dk and dv sum the group's heads in order.
 template <class T>
 void backward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v, const T* p, const T* go, T* dq,
-                   T* dk, T* dv, T* ds, T* vt, int64_t t, int64_t j) {
-  if (vt) transpose_rows(l, v + l.v_at(t, j), l.v_row(), l.dv, vt);
+                   T* dk, T* dv, T* ds, int64_t t, int64_t j) {
   T* dkj = dk ? dk + l.k_at(t, j) : nullptr;
   T* dvj = dv ? dv + l.v_at(t, j) : nullptr;
   for (int64_t pos = 0; pos < l.s; ++pos) {
@@ -213,7 +164,7 @@ void backward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v
     const T* pb = p + l.p_at(t, j, gi);
     const T* go_i = go + l.o_at(t, i);
     if (dq || dk) {
-      head_score_grads(l, dt, pb, v + l.v_at(t, j), static_cast<const T*>(vt), go_i, ds);
+      head_score_grads(l, dt, pb, v + l.v_at(t, j), go_i, ds);
       if (dq) head_rows_times(l, dt, static_cast<const T*>(ds), k + l.k_at(t, j), l.k_row(), dq + l.q_at(t, i), l.q_row(), l.d);
       if (dk) head_key_grads(l, dt, static_cast<const T*>(ds), q + l.q_at(t, i), l.q_row(), dkj, l.k_row(), l.d);
     }
@@ -271,12 +222,9 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
       [&](int64_t device, const std::vector<Box>& boxes, const std::vector<std::byte*>& outs) {
         const Layout l = layout(boxes[1], g);
         dispatch_float(dt, [&](auto zero) {
-          using T = decltype(zero);
-          // The scratch: the pair's keys transposed, where small_products.
-          const bool small = small_products<T>();
-          for_pairs<T>(l, small ? l.d * l.s : 0, [&](int64_t t, int64_t j, T* kt) {
+          for_pairs<decltype(zero)>(l, 0, [&](int64_t t, int64_t j, auto*) {
             forward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero), as(outs[0], zero),
-                         as(outs[1], zero), small ? kt : nullptr, t, j);
+                         as(outs[1], zero), t, j);
           });
         });
       });
@@ -299,12 +247,10 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
             T* dq = nq ? as(outs[next++], zero) : nullptr;
             T* dk = nk ? as(outs[next++], zero) : nullptr;
             T* dvb = nv ? as(outs[next++], zero) : nullptr;
-            // The scratch: one head's score gradients, then the pair's values transposed where
-            // small_products.
-            const bool scores = nq || nk, small = scores && small_products<T>();
-            for_pairs<T>(l, (scores ? l.s * l.s : 0) + (small ? l.dv * l.s : 0), [&](int64_t t, int64_t j, T* scratch) {
+            // The scratch: one head's score gradients.
+            for_pairs<T>(l, nq || nk ? l.s * l.s : 0, [&](int64_t t, int64_t j, T* ds) {
               backward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero), in(p, device, zero),
-                            in(go, device, zero), dq, dk, dvb, scratch, small ? scratch + l.s * l.s : nullptr, t, j);
+                            in(go, device, zero), dq, dk, dvb, ds, t, j);
             });
           });
         });

@@ -9,7 +9,6 @@
 
 #include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
-#include "tessel/ops/detail/transpose16.h"
 
 namespace tessel::ops::detail {
 
@@ -39,6 +38,38 @@ using Kernel = void (*)(int terms, const int64_t* ks, const float* const* as, co
 
 // ---- AVX-512F: tiles of 14 rows by 32 columns (two 16-lane registers), 28 accumulators. Sizes
 // measured on the project's Zen 4 VM (see multiply_panels).
+
+// transpose16 in 4 steps of b = 8, 4, 2, 1: rows i and i + b (i without bit b) swap their lanes
+// with bit b set in row i for those with it clear in row i + b. The lanes one two-register
+// permute picks for the new row i (keep) and row i + b (swap).
+struct TransposeStep {
+  alignas(64) int keep[16];
+  alignas(64) int swap[16];
+};
+constexpr TransposeStep transpose_step(int b) {
+  TransposeStep s{};
+  for (int j = 0; j < 16; ++j) {
+    s.keep[j] = (j & b) ? 16 + j - b : j;
+    s.swap[j] = (j & b) ? 16 + j : j + b;
+  }
+  return s;
+}
+constexpr TransposeStep kTransposeSteps[4] = {transpose_step(8), transpose_step(4), transpose_step(2), transpose_step(1)};
+
+// r[i] (16 floats each) becomes column i of the 16 x 16 block they held.
+__attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
+  for (int step = 0; step < 4; ++step) {
+    const int b = 8 >> step;
+    const __m512i keep = _mm512_load_si512(kTransposeSteps[step].keep);
+    const __m512i swap = _mm512_load_si512(kTransposeSteps[step].swap);
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) continue;
+      const __m512 lo = r[i], hi = r[i + b];
+      r[i] = _mm512_permutex2var_ps(lo, keep, hi);
+      r[i + b] = _mm512_permutex2var_ps(lo, swap, hi);
+    }
+  }
+}
 
 template <int R>
 __attribute__((target("avx512f"))) void kernel16(int terms, const int64_t* ks, const float* const* as,
