@@ -135,8 +135,9 @@ def test_faults_are_retried_and_failures_are_clear(rng, tmp, store, monkeypatch)
     upload_tree(store, local, prefix)
     url = store.url(prefix)
 
-    # A third of the requests answered with 503 SlowDown, 500, 429 or a dropped connection.
-    with FaultProxy(store.endpoint, rate=0.3, seed=rng.randrange(2**32)) as proxy:
+    # A third of the requests answered with 503 SlowDown, 500, 429 or a dropped connection, none
+    # more than 4 times in a row (the clients make 8 attempts).
+    with FaultProxy(store.endpoint, rate=0.3, seed=rng.randrange(2**32), max_in_a_row=4) as proxy:
         store.point_at(monkeypatch, proxy.endpoint)
         for _ in range(3):
             got = tessel.checkpoint.restore(url, mesh=tessel.Mesh({"x": 4}))

@@ -3,12 +3,7 @@
 // bits on every machine and mesh.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
-#include <type_traits>
-
 
 namespace tessel::ops::detail {
 

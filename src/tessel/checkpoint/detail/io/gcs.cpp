@@ -198,19 +198,10 @@ class GcsUpload final : public PartUpload {
     }
   }
 
-  // A PUT to the session. A 401 gets a new token and the same PUT once more, as GcsClient::send
-  // does: a token revoked or rotated in the middle of a long upload (the refused PUT stored nothing).
+  // A PUT to the session; a token refused in the middle of a long upload is renewed (the refused
+  // PUT stored nothing).
   HttpResponse session_put(const std::string& content_range, std::span<const std::byte> body) {
-    const GcsAuth& auth = client_->config().auth;
-    auto put = [&](const std::string& authorization) {
-      HttpRequest r{"PUT", session_, {{"content-range", content_range}}, body};
-      if (!authorization.empty()) r.headers.emplace_back("authorization", authorization);
-      return http_send(r);
-    };
-    const std::string authorization = auth.authorization();
-    HttpResponse r = put(authorization);
-    if (r.status == 401 && !authorization.empty() && auth.renew_after_refusal(authorization)) r = put(auth.authorization());
-    return r;
+    return client_->send_authorized({"PUT", session_, {{"content-range", content_range}}, body});
   }
 
   // The bytes a 308 answer says the session holds (Range: bytes=0-N), 0 without a Range.
@@ -326,25 +317,31 @@ std::string GcsClient::upload_url(const std::string& bucket) const {
 HttpResponse GcsClient::send(const std::string& method, const std::string& url,
                              std::vector<std::pair<std::string, std::string>> headers, std::span<const std::byte> body,
                              std::span<std::byte> into) const {
-  bool renewed = false;  // one new token per request: a store that refuses that one too is answered
+  const HttpRequest request{method, url, std::move(headers), body};
   for (int attempt = 1;; ++attempt) {
-    HttpRequest request{method, url, headers, body};
-    const std::string auth = config_.auth.authorization();
-    if (!auth.empty()) request.headers.emplace_back("authorization", auth);
     const bool last = attempt >= config_.max_attempts;
     try {
-      HttpResponse r = http_send(request, into);
-      if (r.status == 401 && !renewed && !auth.empty() && config_.auth.renew_after_refusal(auth)) {
-        renewed = true;
-        --attempt;  // not a failure of the store's: the same request again, at once, with a new token
-        continue;
-      }
+      HttpResponse r = send_authorized(request, into);
       if (last || !retryable(r.status)) return r;
     } catch (const HttpTransportError& e) {
       if (last) throw IoError(fmt::format("{} (gave up after {} attempts)", e.what(), attempt));
     }
     back_off(attempt);
   }
+}
+
+HttpResponse GcsClient::send_authorized(const HttpRequest& request, std::span<std::byte> into) const {
+  auto with = [&](const std::string& authorization) {
+    if (authorization.empty()) return http_send(request, into);
+    HttpRequest r = request;
+    r.headers.emplace_back("authorization", authorization);
+    return http_send(r, into);
+  };
+  const std::string authorization = config_.auth.authorization();
+  HttpResponse r = with(authorization);
+  if (r.status == 401 && !authorization.empty() && config_.auth.renew_after_refusal(authorization))
+    r = with(config_.auth.authorization());
+  return r;
 }
 
 void GcsClient::fail(const HttpResponse& r, const std::string& what, const std::string& url) const {

@@ -69,6 +69,10 @@ class GcsClient final : public ObjectStore {
   HttpResponse send(const std::string& method, const std::string& url,
                     std::vector<std::pair<std::string, std::string>> headers, std::span<const std::byte> body,
                     std::span<std::byte> into = {}) const;
+  // One attempt of `request` with the Authorization header. A 401 gets a new token and the same
+  // request once more: a token revoked or rotated before its expiry (the refused request changed
+  // nothing). Transport errors throw HttpTransportError.
+  HttpResponse send_authorized(const HttpRequest& request, std::span<std::byte> into = {}) const;
   // IoError for a response that is no success: what was done, the URL, the status, GCS's message;
   // for 401 and 403, where credentials came from.
   [[noreturn]] void fail(const HttpResponse& r, const std::string& what, const std::string& url) const;
