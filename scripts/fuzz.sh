@@ -17,11 +17,12 @@ mkdir -p "$build"
 if [ $# -lt 2 ]; then
   CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSEL_BUILD_FUZZ=ON \
     -DTESSEL_BUILD_TESTS=OFF -DTESSEL_BUILD_BENCH=OFF \
-    -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
-    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+    -DTESSEL_SANITIZE=ON > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 fi
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
-mkdir -p "$build/findings"
+mkdir -p "$build/findings" "$build/fuzz-logs"
+# As many fuzzers at a time as there are cores, each on one; their reports in order afterwards.
+parallel=$(nproc)
 # target:seed corpus. 4 KB inputs at most; 10 s per input at most (a hang is a finding); 2 GB RSS.
 for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model fuzz_checkpoint:corpus_checkpoint \
     fuzz_safetensors:corpus_safetensors fuzz_key_map:corpus_key_map fuzz_maxtext_config:corpus_maxtext \
@@ -31,7 +32,23 @@ for pair in fuzz_sharding_parsers:corpus fuzz_model_config:corpus_model fuzz_che
   cp -n "$root/fuzz/$corpus"/* "$build/$corpus/" 2>/dev/null || true
   # MaxText's own model files seed the MaxText reader (read from the shared test data, not copied in).
   [ "$corpus" = corpus_maxtext ] && cp -n "$root/../shared/testdata/maxtext/models/"*.yml "$build/$corpus/" 2>/dev/null || true
-  echo "== $target, $seconds s"
-  ASAN_OPTIONS=detect_leaks=1 "$build/fuzz/$target" "$build/$corpus" -max_total_time="$seconds" -max_len=4096 \
-    -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/findings/$target-" -print_final_stats=1 2>&1 | tail -n 15
+  while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n || true; done
+  (
+    status=0
+    ASAN_OPTIONS=detect_leaks=1 "$build/fuzz/$target" "$build/$corpus" -max_total_time="$seconds" -max_len=4096 \
+      -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/findings/$target-" -print_final_stats=1 \
+      > "$build/fuzz-logs/$target.log" 2>&1 || status=$?
+    echo "$status" > "$build/fuzz-logs/$target.status"
+  ) &
 done
+wait
+failed=0
+for target in "${targets[@]}"; do
+  echo "== $target, $seconds s"
+  tail -n 15 "$build/fuzz-logs/$target.log"
+  if [ "$(cat "$build/fuzz-logs/$target.status")" != 0 ]; then
+    echo "$target found a failure (exit $(cat "$build/fuzz-logs/$target.status")); its log is $build/fuzz-logs/$target.log"
+    failed=1
+  fi
+done
+exit $failed
