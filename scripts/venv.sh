@@ -49,9 +49,9 @@ stamp=$venv/.installed-$set
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   echo "installing requirements/$set.txt into $venv"
   log=$venv/pip-install.log
-  # --no-compile: Python compiles a module's bytecode when it is first imported instead; the tests
-  # import a fraction of these packages (MaxText's set installs with 64 s of CPU instead of 144 s).
-  if ! "$venv/bin/python" -m pip install --disable-pip-version-check --no-compile "${pip_args[@]}" -r "$req" > "$log" 2>&1; then
+  # pip compiles the bytecode here: where PYTHONDONTWRITEBYTECODE is set (CI's machines), Python
+  # never writes it on import, and each test process would compile what it imports again.
+  if ! "$venv/bin/python" -m pip install --disable-pip-version-check "${pip_args[@]}" -r "$req" > "$log" 2>&1; then
     grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
     echo "scripts/venv.sh: pip failed; the whole log is $log" >&2
     exit 1

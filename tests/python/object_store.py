@@ -202,7 +202,7 @@ class FaultProxy:
     it did in `forwarded` and `faults`; keeps the Authorization headers it saw. `corrupt(method, path)`, when set and true, flips a byte
     of a successful answer's body on its way (damage in transit). `max_in_a_row`, when given, caps the
     faults one request (method and path) meets in a row below the clients' attempts: a test then
-    does not fail on a rare run of faults (8 in a row at a rate of 0.3 meets one request in 20,000)."""
+    does not fail on a rare run of faults (8 in a row at a rate of 0.3: about 1 request in 15,000)."""
 
     FAULTS = ("503", "500", "429", "drop")
 
