@@ -13,7 +13,8 @@ tensor only when float32 is asked for, so it writes float32 anyway; tessel write
 asks. There MaxText's tensors equal tessel's float32 conversion bit for bit, and tessel's bfloat16
 ones are those rounded once (to nearest even).
 
-One ctest per family (tests/CMakeLists.txt), so that they run in parallel.
+One ctest per family (tests/CMakeLists.txt), so that they run in parallel; within one, MaxText's
+converter runs in one worker process (maxtext_session.py), which imports MaxText once.
 """
 import os
 import re
@@ -26,15 +27,14 @@ import transformers
 
 import tessel
 from test_hf_logits import tiny_deepseek
-from test_maxtext_peer import MAXTEXT_PYTHON, maxtext, maxtext_env, run_bounded  # noqa: F401 (a fixture)
+from maxtext_session import MaxTextSession
 from test_transformers_maps import run
 from trees import leaves
 from safetensors.numpy import load_file
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 MAPS = os.path.join(ROOT, "examples", "maps")
-DRIVER = os.path.join(os.path.dirname(__file__), "maxtext_to_maxtext.py")
-MAXTEXT_TIMEOUT = 600
+DEVICES = 4  # to_maxtext's --simulated_cpu_devices_count: the worker's backend has as many
 
 
 def dense_sizes(r):
@@ -129,14 +129,20 @@ CASES = {"llama3.1": [("bfloat16", "bfloat16"), ("float32", "float32"), ("float3
          "deepseek3": [("bfloat16", "bfloat16"), ("float32", "float32")]}
 
 
-def to_maxtext(maxtext_dir, model_name, hf, sets, save_dtype, out):
-    """MaxText's converter on `hf`; its checkpoint's parameters."""
-    args = [MAXTEXT_PYTHON, DRIVER, model_name, hf, os.path.join(maxtext_dir, "configs", "base.yml"),
-            f"model_name={model_name}", f"--hf_model_path={hf}", "override_model_config=true",
-            f"base_output_directory={out}", "run_name=convert", "hardware=cpu", "skip_jax_distributed_system=true",
-            f"--save_dtype={save_dtype}", "--simulated_cpu_devices_count=4"] + [f"{k}={v}" for k, v in sets.items()]
-    rc, log = run_bounded(args, MAXTEXT_TIMEOUT, env=maxtext_env())
-    assert rc == 0, log[-6000:]
+@pytest.fixture
+def mt(tmp):
+    with MaxTextSession(tmp, devices=DEVICES) as session:
+        yield session
+
+
+def to_maxtext(mt, model_name, hf, sets, save_dtype, out):
+    """MaxText's converter on `hf` (maxtext_to_maxtext.py); its checkpoint's parameters."""
+    args = [model_name, hf, os.path.join(mt.maxtext_dir, "configs", "base.yml"), f"model_name={model_name}",
+            f"--hf_model_path={hf}", "override_model_config=true", f"base_output_directory={out}", "run_name=convert",
+            "hardware=cpu", "skip_jax_distributed_system=true", f"--save_dtype={save_dtype}",
+            f"--simulated_cpu_devices_count={DEVICES}"] + [f"{k}={v}" for k, v in sets.items()]
+    os.makedirs(out)
+    mt.run("to_maxtext", args, cwd=out, log=os.path.join(out, "to_maxtext.log"))
     return parameters(os.path.join(out, "0", "items"))
 
 
@@ -146,7 +152,7 @@ def parameters(item):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_tessel_writes_what_maxtexts_converter_writes(family, maxtext, rng, tmp):  # noqa: F811
+def test_tessel_writes_what_maxtexts_converter_writes(family, mt, rng, tmp):
     model_name, mapname, make = FAMILIES[family]
     for source_dtype, save_dtype in CASES.get(family, [("bfloat16", "bfloat16")]):
         torch.manual_seed(rng.randrange(2**31))
@@ -155,7 +161,7 @@ def test_tessel_writes_what_maxtexts_converter_writes(family, maxtext, rng, tmp)
         print(case, config.to_dict())
         hf = os.path.join(tmp, f"hf_{source_dtype}_{save_dtype}")
         model.to(getattr(torch, source_dtype)).save_pretrained(hf)
-        theirs = to_maxtext(maxtext, model_name, hf, dict(sets, **MAXTEXT_WORKAROUND.get(family, {})), save_dtype,
+        theirs = to_maxtext(mt, model_name, hf, dict(sets, **MAXTEXT_WORKAROUND.get(family, {})), save_dtype,
                             os.path.join(tmp, f"maxtext_{source_dtype}_{save_dtype}"))
         if MAXTEXT_WORKAROUND.get(family, {}).get("scan_layers") is False:
             theirs = stacked(theirs)

@@ -18,24 +18,21 @@ and MaxText
   embedding table in the logits applied to tessel's, see as_maxtext_logits);
 - continues the run from tessel's last step: its first loss equals tessel's on that batch (1e-5).
 
-One ctest per family (tests/CMakeLists.txt), so they run in parallel.
+One ctest per family (tests/CMakeLists.txt), so they run in parallel; within one, MaxText's tools
+run in one worker process (maxtext_session.py), which imports MaxText once.
 """
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import tessel
 from conftest import cli
-
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-MAXTEXT_PYTHON = os.environ.get("TESSEL_MAXTEXT_VENV_PYTHON", os.path.join(ROOT, ".venv-maxtext", "bin", "python"))
+from maxtext_session import MaxTextSession
 
 TINY = {"base_emb_dim": 64, "base_num_query_heads": 4, "base_num_kv_heads": 2, "base_mlp_dim": 128,
         "base_num_decoder_layers": 2, "head_dim": 16, "vocab_size": 256}
@@ -61,37 +58,6 @@ FAMILIES = {
 # update (no gradient reaches it): a rate makes it non-zero, so that reading it is checked.
 MAXTEXT_ONLY = {"deepseek3": ["routed_bias_update_rate=0.05"]}
 STEPS, PERIOD = 5, 2
-MAXTEXT_TIMEOUT = 600
-
-
-def maxtext_env():
-    env = dict(os.environ)
-    # MaxText's train sets unsafe_rbg itself (its checkpoints' RNG keys are 4 words); its other
-    # tools read those checkpoints only with the same.
-    env.update({"DECOUPLE_GCLOUD": "TRUE", "JAX_PLATFORMS": "cpu", "JAX_DEFAULT_PRNG_IMPL": "unsafe_rbg",
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
-    env.pop("PYTHONPATH", None)
-    return env
-
-
-def run_bounded(args, timeout, **kwargs):
-    """Runs a command in its own process group, killed whole at the timeout or on any failure."""
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                         **kwargs)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except BaseException:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        raise
-    return p.returncode, out
-
-
-def maxtext_dir():
-    r = subprocess.run([MAXTEXT_PYTHON, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
-                       capture_output=True, text=True, env=maxtext_env(), timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout.strip()
 
 
 def overrides(family):
@@ -99,11 +65,10 @@ def overrides(family):
     return model, [f"{k}={v}" for k, v in tiny.items()]
 
 
-@pytest.fixture(scope="module")
-def maxtext():
-    assert os.path.exists(MAXTEXT_PYTHON), (
-        f"{MAXTEXT_PYTHON} is missing: scripts/venv.sh maxtext makes it (scripts/test.sh does)")
-    return maxtext_dir()
+@pytest.fixture
+def mt(tmp_path):
+    with MaxTextSession(str(tmp_path)) as session:
+        yield session
 
 
 def maxtext_args(maxtext, family, out, run_name):
@@ -114,14 +79,13 @@ def maxtext_args(maxtext, family, out, run_name):
             f"jax_cache_dir={os.path.join(out, 'jax_cache')}"] + sets + MAXTEXT_ONLY.get(family, [])
 
 
-def train_maxtext(maxtext, family, out):
-    args = [MAXTEXT_PYTHON, "-m", "maxtext.trainers.pre_train.train"] + maxtext_args(maxtext, family, out, family) + [
+def train_maxtext(mt, family, out):
+    metrics = os.path.join(out, "train_metrics.jsonl")
+    mt.run("train", maxtext_args(mt.maxtext_dir, family, out, family) + [
         "dataset_type=synthetic", f"steps={STEPS}", f"checkpoint_period={PERIOD}", "async_checkpointing=false",
-        "enable_checkpointing=true"]
-    rc, log = run_bounded(args, MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=out)
-    assert rc == 0, f"MaxText's train of {family} failed:\n{log[-4000:]}"
-    losses = [float(m) for m in re.findall(r"completed step: \d+, .*? loss: ([0-9.]+)", log)]
-    assert len(losses) == STEPS, log[-2000:]
+        "enable_checkpointing=true", f"metrics_file={metrics}"], cwd=out, log=os.path.join(out, "train.log"))
+    losses = [json.loads(line)["learning/loss"] for line in open(metrics)]
+    assert len(losses) == STEPS, losses
     return os.path.join(out, family, "checkpoints"), losses
 
 
@@ -288,9 +252,10 @@ def relative_error(got, want):
     return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want)))
 
 
-def check_maxtext_loads_tessel(family, maxtext, run, tmp):
+def check_maxtext_loads_tessel(family, mt, run, tmp):
     """`run` (<out>/<family>/checkpoints) holds tessel's steps in MaxText's layout. Returns MaxText's
     and tessel's figures: the logits' relative error and the losses' differences."""
+    maxtext = mt.maxtext_dir
     model_file, sets = overrides(family)
     base = os.path.join(maxtext, "configs", "base.yml")
     m = tessel.load_maxtext_model(os.path.join(maxtext, "configs", "models", model_file + ".yml"), base, set=sets)
@@ -304,10 +269,8 @@ def check_maxtext_loads_tessel(family, maxtext, run, tmp):
                         "--dtype", "float32"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     npz = os.path.join(tmp, "maxtext_forward.npz")
-    script = os.path.join(os.path.dirname(__file__), "maxtext_forward.py")
-    rc, log = run_bounded([MAXTEXT_PYTHON, script, npz] + maxtext_args(maxtext, family, tmp, "forward") + f32 + [
-        f"load_parameters_path={os.path.join(params_dir, '0', 'items')}"], MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=tmp)
-    assert rc == 0, f"MaxText's forward pass of {family} failed:\n{log[-4000:]}"
+    mt.run("forward", [npz] + maxtext_args(maxtext, family, tmp, "forward") + f32 + [
+        f"load_parameters_path={os.path.join(params_dir, '0', 'items')}"], cwd=tmp, log=os.path.join(tmp, "forward.log"))
     z = np.load(npz)
     params = tessel_params(tessel.checkpoint.restore(params_dir, item="items", mesh=mesh))
     logits = as_maxtext_logits(tessel.forward(m, params, z["inputs"], mesh), params)
@@ -326,11 +289,9 @@ def check_maxtext_loads_tessel(family, maxtext, run, tmp):
     last = tessel.checkpoint.steps(run)[-1]
     metrics = os.path.join(tmp, "metrics.jsonl")
     out = os.path.dirname(os.path.dirname(run))
-    args = [MAXTEXT_PYTHON, "-m", "maxtext.trainers.pre_train.train"] + maxtext_args(maxtext, family, out, family) + f32 + [
+    log = mt.run("train", maxtext_args(maxtext, family, out, family) + f32 + [
         "dataset_type=synthetic", f"steps={last + 3}", "checkpoint_period=1000", "async_checkpointing=false",
-        "enable_checkpointing=true", f"metrics_file={metrics}"]
-    rc, log = run_bounded(args, MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=out)
-    assert rc == 0, f"MaxText's train of {family} from tessel's checkpoint failed:\n{log[-4000:]}"
+        "enable_checkpointing=true", f"metrics_file={metrics}"], cwd=out, log=os.path.join(tmp, "continued.log"))
     assert f"restoring from this run's directory step {last}" in log, log[-3000:]
     first = json.loads(open(metrics).readline())
     state = tessel.checkpoint.restore(run, step=last, item="items", mesh=mesh)
@@ -342,14 +303,14 @@ def check_maxtext_loads_tessel(family, maxtext, run, tmp):
     return logits_error, forward_loss, continued_loss
 
 
-def check_init_from(family, maxtext, root, tmp):
+def check_init_from(family, mt, root, tmp):
     """MaxText 0.2.5's parameter-only checkpoint (generate_param_only_checkpoint: each parameter an
     NNX variable's value, bfloat16) starts a tessel run."""
+    maxtext = mt.maxtext_dir
     model, sets = overrides(family)
-    args = [MAXTEXT_PYTHON, "-m", "maxtext.utils.generate_param_only_checkpoint"] + maxtext_args(
-        maxtext, family, tmp, "params_only") + [f"load_full_state_path={os.path.join(root, str(STEPS - 1), 'items')}"]
-    rc, log = run_bounded(args, MAXTEXT_TIMEOUT, env=maxtext_env(), cwd=tmp)
-    assert rc == 0, f"MaxText's generate_param_only_checkpoint of {family} failed:\n{log[-4000:]}"
+    mt.run("param_only", maxtext_args(maxtext, family, tmp, "params_only") + [
+        f"load_full_state_path={os.path.join(root, str(STEPS - 1), 'items')}"], cwd=tmp,
+        log=os.path.join(tmp, "param_only.log"))
     args = [cli(), "train", "--model", os.path.join(maxtext, "configs", "models", model + ".yml"), "--base",
             os.path.join(maxtext, "configs", "base.yml"), "--init-from",
             os.path.join(tmp, "params_only", "checkpoints"), "--mesh", "fsdp=4,tensor=2", "--steps", "1",
@@ -368,17 +329,18 @@ INIT_FROM = {"llama3.1", "qwen3_moe", "deepseek3"}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_maxtext_run_read_described_and_resumed_by_tessel(family, maxtext, tmp_path, capsys):
-    root, losses = train_maxtext(maxtext, family, str(tmp_path))
+def test_maxtext_run_read_described_and_resumed_by_tessel(family, mt, tmp_path, capsys):
+    maxtext = mt.maxtext_dir
+    root, losses = train_maxtext(mt, family, str(tmp_path))
     assert all(np.isfinite(losses)), losses
     restored = check_restore(family, root)
     described = check_dump(family, maxtext, root, str(tmp_path))
     run = check_resume(family, maxtext, root, str(tmp_path))
     if family in INIT_FROM:
-        check_init_from(family, maxtext, root, str(tmp_path))
-    logits_error, forward_loss, continued_loss = check_maxtext_loads_tessel(family, maxtext, run, str(tmp_path))
+        check_init_from(family, mt, root, str(tmp_path))
+    logits_error, forward_loss, continued_loss = check_maxtext_loads_tessel(family, mt, run, str(tmp_path))
     with capsys.disabled():
-        print(f"\n{family}: MaxText's losses {losses}; {restored} arrays restored onto 2 meshes bit for bit, "
+        print(f"\n{family}: MaxText's losses {[round(x, 4) for x in losses]}; {restored} arrays restored onto 2 meshes bit for bit, "
               f"{described} TrainState entries described alike, resumed by tessel"
               + (", its parameter-only checkpoint started tessel" if family in INIT_FROM else "")
               + f"; MaxText on tessel's checkpoints: logits {logits_error:.1e} (relative), loss {forward_loss:.1e}, "
