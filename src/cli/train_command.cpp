@@ -222,7 +222,8 @@ void train(const TrainArgs& a) {
   State state;
   nn::DataPosition position{.seed = a.seed, .step = 0};
   int64_t start = 0;
-  const std::optional<int64_t> latest = ckpt ? ckpt->latest_step() : std::nullopt;
+  std::optional<int64_t> latest;
+  if (ckpt) latest = ckpt->latest_step();
   if (a.resume && latest) {
     const auto t0 = std::chrono::steady_clock::now();
     start = *latest;
