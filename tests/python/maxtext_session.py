@@ -1,8 +1,7 @@
 """The real MaxText 0.2.5 (.venv-maxtext: scripts/venv.sh maxtext) as the tests drive it: one
 worker process (maxtext_worker.py) in MaxText's environment runs its tools one job after another,
 each bounded in time; what the worker prints outside its jobs goes to LOG_DIR/maxtext_worker.log.
-The worker is killed, its whole process group, on a timeout, a failure or
-the session's end.
+The worker is killed, its whole process group, on a timeout, a failure or the session's end.
 
     with MaxTextSession(log_dir) as mt:
         mt.run("train", [base_yml, "run_name=x", ...], cwd=out, log=os.path.join(out, "train.log"))
@@ -73,10 +72,9 @@ class MaxTextSession:
             answer = self._answer(timeout, job)
         except MaxTextError as e:
             raise MaxTextError(f"{e}; its log:\n{tail(log)}") from None
-        printed = open(log, errors="replace").read()
         if not answer["ok"]:
-            raise MaxTextError(f"MaxText's {job} failed:\n{printed[-4000:]}\n{answer['error']}")
-        return printed
+            raise MaxTextError(f"MaxText's {job} failed:\n{tail(log)}\n{answer['error']}")
+        return open(log, errors="replace").read()
 
     def close(self):
         if self.process.poll() is None:

@@ -9,8 +9,9 @@ JOB is one of
 - "forward": maxtext_forward.main(argv[0], argv[1:]);
 - "to_maxtext": maxtext_to_maxtext.main(argv[0], argv[1], argv[2:]).
 What the job prints (its stdout, its stderr and absl's log) goes to FILE. Each answer is one JSON
-line on stdout (nothing else is written there): {"ok": true} or {"ok": false, "error": the traceback}; the first one, before any
-request, is {"maxtext_dir": MaxText's package directory}.
+line on stdout, where nothing else is written: {"ok": true} or {"ok": false, "error": the
+traceback}; the first one, before any request, is {"maxtext_dir": MaxText's package directory}.
+At the end of its input (the test process gone) the worker exits.
 
 The backend is the one the process starts with (XLA_FLAGS' host device count): to_maxtext's
 --simulated_cpu_devices_count must agree with it.
@@ -47,18 +48,16 @@ def main():
     flags.FLAGS(["maxtext_worker"])
     logging.set_verbosity(logging.INFO)
     logging.use_absl_handler()
-    import jax
-    jax.config.update("jax_default_prng_impl", "unsafe_rbg")
     import maxtext
     answers.write(json.dumps({"maxtext_dir": os.path.dirname(maxtext.__file__)}) + "\n")
     saved = os.dup(1), os.dup(2)
     for line in sys.stdin:
         request = json.loads(line)
-        with open(request["log"], "ab") as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
         answer = {"ok": True}
         try:
+            with open(request["log"], "ab") as log:  # a log it cannot open fails the job, not the worker
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
             os.chdir(request["cwd"])
             run_job(request["job"], request["argv"])
         except BaseException:  # SystemExit included: MaxText exits on a NaN loss
