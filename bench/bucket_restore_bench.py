@@ -3,14 +3,16 @@ against TensorStore reading the same objects through its own kvstore (`s3` or `g
 rounds alternating, each reader in a fresh process (so that RSS is its own).
 
 The checkpoint: `--mib` MiB of float32 in 8 arrays of [rows, 4096], saved by tessel (OCDBT + zarr
-v2, uncompressed, chunks of 16 MiB) into the bucket. tessel restores every array onto one device
+v2, or plain files with `--layout files`; uncompressed, chunks of `--chunk-kib`, 16 MiB unless
+given) into the bucket. tessel restores every array onto one device
 (`tessel.checkpoint.restore(url)`); TensorStore opens each array (`zarr` over `ocdbt` over the
-store) and reads it whole into NumPy. The physical limit in the same run: the same objects'
+store, or straight over the store for plain files) and reads it whole into NumPy. The physical limit in the same run: the same objects'
 bytes downloaded whole into memory on 8 threads (boto3 for S3, GCS's JSON API for GCS). Each
 figure is the median of the rounds: GB/s of array bytes, and the process's peak RSS growth over
 the read, against the bytes read.
 
     .venv/bin/python bench/bucket_restore_bench.py [--store s3|gs] [--mib 512] [--rounds 5] [--prime]
+        [--layout ocdbt|files] [--chunk-kib 16384]
 
 Both servers are Python (moto on Flask; the emulator single-threaded): their rate bounds all
 three readers alike; the ratios between them are the figures that carry to a real store.
@@ -40,7 +42,7 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def reader(kind, store, rows, prime):
+def reader(kind, store, rows, prime, layout):
     """One restore in this process; prints {"seconds", "bytes", "rss_growth"}."""
     import numpy as np
 
@@ -67,15 +69,17 @@ def reader(kind, store, rows, prime):
         import tensorstore as ts
 
         base_kv = store.kvstore("ckpt/")
-        arrays = [ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": base_kv, "path": f"a{i}/"}},
-                          open=True).result() for i in range(ARRAYS)]
+        kvstores = [{"driver": "ocdbt", "base": base_kv, "path": f"a{i}/"} if layout == "ocdbt"
+                    else store.kvstore(f"ckpt/a{i}/") for i in range(ARRAYS)]
+        arrays = [ts.open({"driver": "zarr", "kvstore": kv}, open=True).result() for kv in kvstores]
         futures = [a.read() for a in arrays]
         values = [np.asarray(f.result()) for f in futures]
         nbytes = sum(v.nbytes for v in values)
     else:  # the objects' bytes, whole, on 8 threads
         from concurrent.futures import ThreadPoolExecutor
 
-        keys = store.keys("ckpt/ocdbt.process_0/d/")
+        keys = store.keys("ckpt/ocdbt.process_0/d/") if layout == "ocdbt" else [
+            k for k in store.keys("ckpt/a") if not k.rsplit("/", 1)[1].startswith(".")]
         with ThreadPoolExecutor(8) as pool:
             nbytes = sum(len(b) for b in pool.map(store.get, keys))
     seconds = time.perf_counter() - t0
@@ -88,13 +92,15 @@ def main():
     p.add_argument("--mib", type=int, default=512)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prime", action="store_true", help="each reader touches 3x the bytes first")
-    p.add_argument("--reader", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--layout", choices=["ocdbt", "files"], default="ocdbt")
+    p.add_argument("--chunk-kib", type=int, default=16 << 10)
+    p.add_argument("--reader", nargs=5, help=argparse.SUPPRESS)
     a = p.parse_args()
     from object_store import STORES, gcs_server, moto_server
 
     if a.reader:
-        kind, endpoint, rows, prime = a.reader
-        reader(kind, STORES[a.store](endpoint, BUCKET, create=False), int(rows), prime == "1")
+        kind, endpoint, rows, prime, layout = a.reader
+        reader(kind, STORES[a.store](endpoint, BUCKET, create=False), int(rows), prime == "1", layout)
         return
     import numpy as np
 
@@ -109,14 +115,14 @@ def main():
         tree = {f"a{i}": rng.random((rows, COLS), dtype=np.float32) for i in range(ARRAYS)}
         url = store.url("ckpt")
         t0 = time.perf_counter()
-        tessel.checkpoint.save(url, tree, max_chunk_bytes=16 << 20)
+        tessel.checkpoint.save(url, tree, max_chunk_bytes=a.chunk_kib << 10, use_ocdbt=a.layout == "ocdbt")
         print(f"saved {a.mib} MiB into the bucket in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
         results = {k: [] for k in ("objects", "tessel", "tensorstore")}
         for r in range(a.rounds):
             order = list(results)[r % 3:] + list(results)[:r % 3]
             for kind in order:
                 out = subprocess.run([sys.executable, __file__, "--store", a.store, "--reader", kind, endpoint, str(rows),
-                                      str(int(a.prime))],
+                                      str(int(a.prime)), a.layout],
                                      capture_output=True, text=True, env=env)
                 if out.returncode != 0:
                     raise SystemExit(f"{kind} failed:\n{out.stderr}")

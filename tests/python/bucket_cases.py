@@ -127,6 +127,44 @@ def test_convert_between_a_disk_and_buckets(rng, tmp, store):
         tessel.checkpoint.convert(local, base + "/decode", to="maxtext-params")
 
 
+def test_a_restore_lists_each_parameter_once_not_each_chunk(rng, tmp, store, monkeypatch):
+    """Plain files in a bucket: a parameter's objects are listed once, with their sizes, and each
+    chunk is then read without a request for its size (S3's HEAD, GCS's metadata GET): a restore
+    of many chunks makes about half the requests."""
+    n = rng.choice([4, 8])
+    names = [f"p{i}" for i in range(rng.randrange(2, 5))]
+    values = {k: random_array(rng, (n * rng.randrange(1, 4), rng.randrange(2, 7)), "float32") for k in names}
+    mesh = tessel.Mesh({"x": n})
+    local = os.path.join(tmp, "item")
+    tessel.checkpoint.save(local, values, shardings={k: tessel.P("x") for k in names}, mesh=mesh, use_ocdbt=False)
+    prefix = f"listed-{rng.randrange(10**9)}"
+    upload_tree(store, local, prefix)
+    url = store.url(prefix)
+    chunks = {k for k in store.keys(prefix + "/") if re.fullmatch(r"p\d+/\d+\.\d+", k[len(prefix) + 1:])}
+    assert len(chunks) == n * len(names), sorted(chunks)
+
+    requests = []
+    with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
+        store.point_at(monkeypatch, proxy.endpoint)
+        proxy.on_request = lambda method, path: requests.append((method, path))
+        got = tessel.checkpoint.restore(url, mesh=tessel.Mesh({"x": rng.choice([1, 2, n])}))
+        for k, want in values.items():
+            assert_bit_identical(got[k].to_numpy(), want, k)
+        sizes = [store.size_asked(m, p) for m, p in requests]
+        assert not chunks & set(sizes), [s for s in sizes if s in chunks]
+        # Every chunk read, none more than once: the reads did not move elsewhere.
+        read = [(store.object_name(p) or "").removeprefix(f"/{store.bucket}/") for m, p in requests if m == "GET"]
+        assert all(read.count(c) == 1 for c in chunks), read
+    # A chunk that is not there fails as it does on a disk, naming it.
+    gone = sorted(chunks)[rng.randrange(len(chunks))]
+    store.remove(gone)
+    os.remove(os.path.join(local, gone[len(prefix) + 1:]))
+    param, chunk = gone[len(prefix) + 1:].split("/")
+    for where in (url, local):
+        with pytest.raises(tessel.Error, match=rf"'{param}' chunk {re.escape(chunk)} \({re.escape(where)}/{param}/{re.escape(chunk)}\) is missing"):
+            tessel.checkpoint.restore(where)
+
+
 def test_faults_are_retried_and_failures_are_clear(rng, tmp, store, monkeypatch):
     values = {"w": random_array(rng, (64, 48), "float32"), "b": random_array(rng, (48,), "float32")}
     local = os.path.join(tmp, "item")

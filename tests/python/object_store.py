@@ -107,6 +107,9 @@ class S3Store:
     def get(self, key: str) -> bytes:
         return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
 
+    def remove(self, key: str):
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
     def put(self, key: str, data: bytes):
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
 
@@ -114,6 +117,10 @@ class S3Store:
     def object_name(path: str) -> str | None:
         """The object a request path (as a proxy sees it) reads the bytes of, or None."""
         return urllib.parse.unquote(path.split("?")[0])
+
+    def size_asked(self, method: str, path: str) -> str | None:
+        """The object whose size (and nothing else) a request asks, or None: S3's HEAD."""
+        return self.object_name(path).removeprefix(f"/{self.bucket}/") if method == "HEAD" else None
 
     def kvstore(self, path: str) -> dict:
         """TensorStore's own kvstore for `path` in the bucket."""
@@ -160,6 +167,9 @@ class GcsStore:
         with urllib.request.urlopen(self._object(key) + "?alt=media", timeout=60) as r:
             return r.read()
 
+    def remove(self, key: str):
+        urllib.request.urlopen(urllib.request.Request(self._object(key), method="DELETE"), timeout=60).read()
+
     def put(self, key: str, data: bytes):
         query = urllib.parse.urlencode({"uploadType": "media", "name": key})
         request = urllib.request.Request(f"{self.endpoint}/upload/storage/v1/b/{self.bucket}/o?{query}", data=data,
@@ -172,6 +182,14 @@ class GcsStore:
         metadata, a listing, an upload)."""
         url = urllib.parse.urlsplit(path)
         if "alt=media" not in url.query.split("&"):
+            return None
+        return urllib.parse.unquote(url.path.split("/o/", 1)[1])
+
+    def size_asked(self, method: str, path: str) -> str | None:
+        """The object whose size (and nothing else) a request asks, or None: a GET of the object's
+        metadata in GCS's JSON API."""
+        url = urllib.parse.urlsplit(path)
+        if method != "GET" or "alt=media" in url.query.split("&") or "/o/" not in url.path:
             return None
         return urllib.parse.unquote(url.path.split("/o/", 1)[1])
 

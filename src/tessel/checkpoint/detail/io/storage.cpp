@@ -113,6 +113,22 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc) {
   return std::make_shared<const StoredObject>(std::move(client), loc, *size);
 }
 
+std::map<std::string, int64_t, std::less<>> list_objects(const Location& dir) {
+  if (dir.is_local()) throw ValueError("list_objects is for a bucket prefix, not '" + dir.string() + "'");
+  const std::string prefix = dir_prefix(dir);
+  std::map<std::string, int64_t, std::less<>> out;
+  for (auto& [key, size] : ObjectStore::for_location(dir)->list(dir.bucket(), prefix, "").objects) {
+    std::string name = key.substr(prefix.size());
+    if (!name.empty() && !name.ends_with('/')) out.emplace(std::move(name), size);  // "x/": a folder marker
+  }
+  return out;
+}
+
+std::shared_ptr<const ByteSource> open_listed(const Location& loc, int64_t size) {
+  if (loc.is_local() || size < 0) throw ValueError("'" + loc.string() + "' is not a listed object");
+  return std::make_shared<const StoredObject>(ObjectStore::for_location(loc), loc, size);
+}
+
 std::optional<std::string> read_small(const Location& loc, int64_t max_bytes) {
   if (loc.is_local()) {
     if (!is_file(loc)) {

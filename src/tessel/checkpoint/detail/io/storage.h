@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +35,12 @@ std::vector<StorageEntry> list_directory(const Location& dir);
 std::shared_ptr<const ByteSource> open_source(const Location& loc);
 // The same, or nullptr when nothing is there (a symlink is still an IoError).
 std::shared_ptr<const ByteSource> open_if_exists(const Location& loc);
+// The objects below the bucket prefix `dir` at every depth, by their names relative to it, with
+// their sizes: one listing (a request per page of names) where opening each would ask for each
+// object's size. Throws ValueError for a local directory.
+std::map<std::string, int64_t, std::less<>> list_objects(const Location& dir);
+// The object at `loc` for reading by ranges, its size as a listing gave it: no request made.
+std::shared_ptr<const ByteSource> open_listed(const Location& loc, int64_t size);
 // The whole file or object, refused above `max_bytes`; nullopt when there is none.
 std::optional<std::string> read_small(const Location& loc, int64_t max_bytes);
 

@@ -63,7 +63,21 @@ StoredValue StoredValue::slice(int64_t offset, int64_t size, std::string where) 
 KvStore KvStore::files(const Location& dir) {
   KvStore s;
   s.dir_ = dir;
+  if (!dir.is_local()) s.listings_ = std::make_shared<Listings>();
   return s;
+}
+
+const KvStore::Listing& KvStore::listing(std::string_view dir) const {
+  std::shared_ptr<Listing> l;
+  {
+    std::lock_guard lock(listings_->mu);
+    auto it = listings_->by_dir.find(dir);
+    if (it == listings_->by_dir.end()) it = listings_->by_dir.emplace(std::string(dir), std::make_shared<Listing>()).first;
+    l = it->second;
+  }
+  // Outside the map's lock: a bucket answers slowly; threads asking the same directory wait here.
+  std::call_once(l->once, [&] { l->sizes = list_objects(nested_location(dir_, dir, "key '" + std::string(dir) + "'")); });
+  return *l;  // by_dir holds it as long as the store
 }
 
 KvStore KvStore::ocdbt(const Location& dir) {
@@ -133,6 +147,12 @@ std::optional<StoredValue> KvStore::get(std::string_view key) const {
     return StoredValue(std::move(file), static_cast<int64_t>(e->offset), static_cast<int64_t>(e->length), where);
   }
   const Location f = nested_location(dir_, key, "key '" + std::string(key) + "'");
+  if (const size_t slash = key.find('/'); listings_ && slash != std::string_view::npos) {
+    const Listing& l = listing(key.substr(0, slash));
+    const auto it = l.sizes.find(key.substr(slash + 1));
+    if (it == l.sizes.end()) return std::nullopt;
+    return StoredValue(open_listed(f, it->second), 0, it->second, f.string());
+  }
   auto file = open_if_exists(f);
   if (!file) return std::nullopt;
   const int64_t size = file->size();

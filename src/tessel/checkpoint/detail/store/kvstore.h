@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,9 +91,24 @@ class KvStore {
   };
   std::shared_ptr<const ByteSource> data_file(const OcdbtEntry& e) const;
 
+  // In a bucket, the objects below each directory of dir_ (a parameter's metadata and chunks),
+  // listed once with their sizes on the first key asked there: a listing page per thousand
+  // objects where opening each chunk would ask for its size. An opened item's checkpoint is
+  // committed, so a listing stays true while the item is open.
+  struct Listing {
+    std::once_flag once;  // a listing that threw is tried again by the next caller
+    std::map<std::string, int64_t, std::less<>> sizes;  // by name below the directory
+  };
+  struct Listings {
+    std::mutex mu;
+    std::map<std::string, std::shared_ptr<Listing>, std::less<>> by_dir;
+  };
+  const Listing& listing(std::string_view dir) const;
+
   Location dir_;
   std::shared_ptr<const OcdbtDatabase> db_;
   std::shared_ptr<OpenFiles> open_files_;
+  std::shared_ptr<Listings> listings_;  // files in a bucket
   std::shared_ptr<const std::map<std::string, StoredValue, std::less<>>> tensors_;  // safetensors
 };
 
