@@ -16,12 +16,13 @@ namespace fs = std::filesystem;
 Result run_in(const fs::path& cwd, const std::string& args) {
   testing::TempDir dir;
   const std::string out = (dir.path() / "out").string(), err = (dir.path() / "err").string();
-  // No AWS credentials from this machine's environment or files; a GCS credentials file that is not
+  // No AWS credentials from this machine's environment, files or instance role; a GCS credentials file that is not
   // there (a GCS request without credentials would go out unauthenticated).
   const std::string cmd = "cd " + cwd.string() +
                           " && env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_PROFILE "
-                          "-u STORAGE_EMULATOR_HOST -u GOOGLE_AUTH_TOKEN_FOR_TESTING "
-                          "AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_CONFIG_FILE=/nonexistent "
+                          "-u AWS_WEB_IDENTITY_TOKEN_FILE -u AWS_CONTAINER_CREDENTIALS_RELATIVE_URI "
+                          "-u AWS_CONTAINER_CREDENTIALS_FULL_URI -u STORAGE_EMULATOR_HOST -u GOOGLE_AUTH_TOKEN_FOR_TESTING "
+                          "AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_CONFIG_FILE=/nonexistent AWS_EC2_METADATA_DISABLED=true "
                           "GOOGLE_APPLICATION_CREDENTIALS=/nonexistent.json " +
                           TESSEL_CLI + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(cmd.c_str());

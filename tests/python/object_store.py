@@ -214,7 +214,25 @@ def upload_tree(store, local_dir: str, prefix: str) -> int:
     return total
 
 
-class FaultProxy:
+class _LocalServer:
+    """An HTTP server on 127.0.0.1 with a free port, in a thread while the `with` block runs."""
+
+    def _serve(self, handler):
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FaultProxy(_LocalServer):
     """An HTTP proxy to `upstream` that answers a share `rate` of the requests with a fault instead
     of forwarding them: 503 SlowDown, 500 InternalError, 429, or a dropped connection. Counts what
     it did in `forwarded` and `faults`; keeps the Authorization headers it saw. `corrupt(method, path)`, when set and true, flips a byte
@@ -226,6 +244,8 @@ class FaultProxy:
 
     def __init__(self, upstream: str, rate: float, seed: int, max_in_a_row: int | None = None):
         self.authorizations = []  # each request's Authorization header ("" without)
+        self.security_tokens = []  # each request's x-amz-security-token header ("" without)
+        self.answers = []  # (method, path, status, body) of each forwarded request's answer
         self.require = None  # when set, a request without "Authorization: <require>" is answered 401
         self.on_request = None  # when set, called with (method, path) as a request comes in, before the rest
         self.upstream = upstream.removeprefix("http://")
@@ -254,6 +274,7 @@ class FaultProxy:
                 authorization = self.headers.get("Authorization", "")
                 with proxy.lock:
                     proxy.authorizations.append(authorization)
+                    proxy.security_tokens.append(self.headers.get("x-amz-security-token", ""))
                 if proxy.require is not None and authorization != proxy.require:
                     doc = b'{"error": {"code": 401, "message": "Anonymous caller does not have access"}}'
                     self.send_response(401)
@@ -290,6 +311,8 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 r = conn.getresponse()
                 data = r.read()
+                with proxy.lock:
+                    proxy.answers.append((self.command, self.path, r.status, data[:65536]))
                 if data and 200 <= r.status < 300 and proxy.corrupt and proxy.corrupt(self.command, self.path):
                     data = bytes([data[0] ^ 0x40]) + data[1:]
                     with proxy.lock:
@@ -306,15 +329,70 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_any
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._serve(Handler)
 
-    def __enter__(self):
-        self.thread.start()
-        return self
 
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+class AwsCredentialServer(_LocalServer):
+    """A stand-in for where AWS hands temporary credentials to a machine: an ECS/EKS container
+    credentials endpoint (`container_path`, checking the Authorization header against `token`) and
+    the EC2 instance metadata service (IMDSv2: PUT /latest/api/token, then the role's name and
+    credentials under /latest/meta-data/iam/security-credentials/). Each fetch hands new random keys
+    that expire `life_s` seconds later; `handed` keeps them in order, `requests` every (method,
+    path). `fail_with`, when set, is the HTTP status every request gets."""
+
+    def __init__(self, rng, role: str = "trainer-role", token: str = "", life_s: float = 3600):
+        self.rng, self.role, self.token, self.life_s = rng, role, token, life_s
+        self.container_path = "/v2/credentials/" + "".join(rng.choice("abcdef0123456789") for _ in range(12))
+        self.handed, self.requests = [], []
+        self.fail_with = None
+        self.session = "".join(rng.choice("ABCDEFGHIJ") for _ in range(24))
+        lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def answer(self, status: int, body: str):
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def credentials(self) -> str:
+                key = "ASIA" + "".join(server.rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") for _ in range(16))
+                creds = {"AccessKeyId": key, "SecretAccessKey": f"secret-{key}", "Token": f"token-{key}",
+                         "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + server.life_s))}
+                server.handed.append(creds)
+                return json.dumps({"Code": "Success", "Type": "AWS-HMAC"} | creds)
+
+            def handle_any(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+                with lock:
+                    server.requests.append((self.command, self.path))
+                    if server.fail_with:
+                        return self.answer(server.fail_with, "injected")
+                    imds = "/latest/meta-data/iam/security-credentials/"
+                    if self.command == "GET" and self.path == server.container_path:
+                        if self.headers.get("Authorization", "") != server.token:
+                            return self.answer(401, "bad authorization")
+                        return self.answer(200, self.credentials())
+                    if self.command == "PUT" and self.path == "/latest/api/token":
+                        if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                            return self.answer(400, "no ttl")
+                        return self.answer(200, server.session)
+                    if self.command == "GET" and self.path.startswith(imds):
+                        if self.headers.get("X-aws-ec2-metadata-token") != server.session:
+                            return self.answer(401, "no session token")
+                        if self.path == imds:
+                            return self.answer(200, server.role)
+                        if self.path == imds + server.role:
+                            return self.answer(200, self.credentials())
+                    return self.answer(404, "not found")
+
+            do_GET = do_PUT = handle_any
+
+        self._serve(Handler)

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <sstream>
 
@@ -163,6 +164,51 @@ ObjectListing parse_list_page(std::string_view body, const std::string& where, s
   return out;
 }
 
+namespace {
+
+using Setting = std::function<std::string(const std::string&)>;
+
+bool is_true(const std::string& v) { return v == "true" || v == "True" || v == "TRUE" || v == "1"; }
+
+// The temporary credentials' source the environment and the profile configure, in the SDKs' order
+// (aws_credentials.h); null when there is none.
+std::shared_ptr<const AwsCredentialSource> temporary_credentials(const Setting& setting, const std::string& region) {
+  std::string token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE"), role_arn = env("AWS_ROLE_ARN");
+  std::string session = env("AWS_ROLE_SESSION_NAME");
+  if (token_file.empty() && role_arn.empty()) {
+    token_file = setting("web_identity_token_file");
+    role_arn = setting("role_arn");
+    if (session.empty()) session = setting("role_session_name");
+  }
+  if (!token_file.empty() && !role_arn.empty()) {
+    std::string sts = env("AWS_ENDPOINT_URL_STS");
+    if (sts.empty()) sts = env("AWS_ENDPOINT_URL");
+    if (sts.empty()) sts = "https://sts." + region + ".amazonaws.com";
+    if (!sts.starts_with("http://") && !sts.starts_with("https://"))
+      throw ValueError("the STS endpoint '" + sts + "' is not an http:// or https:// URL");
+    while (sts.ends_with('/')) sts.pop_back();
+    if (session.empty()) session = fmt::format("tessel-{}", std::time(nullptr));
+    return AwsCredentialSource::web_identity(token_file, role_arn, session, sts);
+  }
+  // One of the two alone is no web identity (the SDKs pass over it too).
+  std::string container = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+  if (std::string relative = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"); !relative.empty())
+    container = "http://169.254.170.2" + (relative.starts_with('/') ? relative : "/" + relative);
+  if (!container.empty())
+    return AwsCredentialSource::container(container, env("AWS_CONTAINER_AUTHORIZATION_TOKEN"),
+                                          env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
+  if (is_true(env("AWS_EC2_METADATA_DISABLED"))) return nullptr;
+  std::string imds = env("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+  if (imds.empty() && on_ec2()) imds = "http://169.254.169.254";
+  if (imds.empty()) return nullptr;
+  if (!imds.starts_with("http://") && !imds.starts_with("https://"))
+    throw ValueError("AWS_EC2_METADATA_SERVICE_ENDPOINT '" + imds + "' is not an http:// or https:// URL");
+  while (imds.ends_with('/')) imds.pop_back();
+  return AwsCredentialSource::instance_metadata(imds);
+}
+
+}  // namespace
+
 S3Config S3Config::from_environment() {
   S3Config c;
   std::string profile = env("AWS_PROFILE");
@@ -173,28 +219,35 @@ S3Config S3Config::from_environment() {
                                                          : ini_section(credentials_file, profile);
   const auto from_config = config_file.empty() ? std::map<std::string, std::string>()
                                                : ini_section(config_file, profile == "default" ? profile : "profile " + profile);
-  auto setting = [&](const std::string& name) {
+  const Setting setting = [&](const std::string& name) {
     if (auto it = from_credentials.find(name); it != from_credentials.end()) return it->second;
     if (auto it = from_config.find(name); it != from_config.end()) return it->second;
     return std::string();
   };
-  if (std::string key = env("AWS_ACCESS_KEY_ID"); !key.empty()) {
-    c.credentials = S3Credentials{key, env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")};
-    if (c.credentials->secret_key.empty()) throw ValueError("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
-  } else if (std::string k = setting("aws_access_key_id"); !k.empty()) {
-    c.credentials = S3Credentials{k, setting("aws_secret_access_key"), setting("aws_session_token")};
-    if (c.credentials->secret_key.empty())
-      throw ValueError(fmt::format("AWS profile '{}' has aws_access_key_id but no aws_secret_access_key", profile));
-  }
-  c.credentials_hint = fmt::format("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set and profile '{}' has no "
-                                   "aws_access_key_id in {} or {}",
-                                   profile, credentials_file.empty() ? "~/.aws/credentials" : credentials_file,
-                                   config_file.empty() ? "~/.aws/config" : config_file);
   for (const std::string& r : {env("AWS_REGION"), env("AWS_DEFAULT_REGION"), setting("region")}) {
     if (!r.empty()) {
       c.region = r;
       break;
     }
+  }
+  c.credentials_hint = fmt::format("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set, profile '{}' has no "
+                                   "aws_access_key_id in {} or {}",
+                                   profile, credentials_file.empty() ? "~/.aws/credentials" : credentials_file,
+                                   config_file.empty() ? "~/.aws/config" : config_file);
+  if (std::string key = env("AWS_ACCESS_KEY_ID"); !key.empty()) {
+    if (env("AWS_SECRET_ACCESS_KEY").empty()) throw ValueError("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+    c.credentials = AwsCredentialSource::fixed({key, env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")},
+                                               "AWS_ACCESS_KEY_ID");
+  } else if (std::string k = setting("aws_access_key_id"); !k.empty()) {
+    if (setting("aws_secret_access_key").empty())
+      throw ValueError(fmt::format("AWS profile '{}' has aws_access_key_id but no aws_secret_access_key", profile));
+    c.credentials = AwsCredentialSource::fixed({k, setting("aws_secret_access_key"), setting("aws_session_token")},
+                                               "AWS profile '" + profile + "'");
+  } else {
+    c.credentials = temporary_credentials(setting, c.region);
+    c.credentials_hint += ", and there is no web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN), container "
+                          "credentials endpoint (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI) or EC2 "
+                          "instance metadata service (AWS_EC2_METADATA_SERVICE_ENDPOINT off EC2)";
   }
   std::string endpoint = env("AWS_ENDPOINT_URL_S3");
   if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
@@ -259,7 +312,10 @@ std::shared_ptr<const S3Client> S3Client::current() {
   const std::string fingerprint = configuration_fingerprint(
       {"AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HOME", "AWS_ACCESS_KEY_ID",
        "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",
-       "AWS_ENDPOINT_URL", "TESSEL_S3_MAX_ATTEMPTS"},
+       "AWS_ENDPOINT_URL", "TESSEL_S3_MAX_ATTEMPTS", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+       "AWS_ROLE_SESSION_NAME", "AWS_ENDPOINT_URL_STS", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+       "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+       "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_EC2_METADATA_DISABLED", "AWS_EC2_METADATA_SERVICE_ENDPOINT"},
       {home_file("AWS_SHARED_CREDENTIALS_FILE", "credentials"), home_file("AWS_CONFIG_FILE", "config")});
   return cached_client<S3Client>(fingerprint, [] { return S3Client(S3Config::from_environment()); });
 }
@@ -269,6 +325,7 @@ S3Client::Result S3Client::send(const std::string& method, const std::string& bu
                                 std::map<std::string, std::string> headers, std::span<const std::byte> body,
                                 std::span<std::byte> into) const {
   if (!config_.credentials) throw IoError(fmt::format("s3://{}/{}: no AWS credentials: {}", bucket, key, config_.credentials_hint));
+  const S3Credentials credentials = config_.credentials->get();
   const std::string scheme_end = "://";
   const size_t host_at = config_.endpoint.find(scheme_end) + scheme_end.size();
   std::string host = config_.endpoint.substr(host_at);
@@ -288,8 +345,7 @@ S3Client::Result S3Client::send(const std::string& method, const std::string& bu
   if (!body.empty() || method == "PUT" || method == "POST") signed_request.payload_hash = sha256_hex(body);
   signed_request.headers["host"] = host;
   signed_request.headers["x-amz-content-sha256"] = signed_request.payload_hash;
-  if (!config_.credentials->session_token.empty())
-    signed_request.headers["x-amz-security-token"] = config_.credentials->session_token;
+  if (!credentials.session_token.empty()) signed_request.headers["x-amz-security-token"] = credentials.session_token;
   Result result;
   result.url = base + path + (canonical_query.empty() ? "" : "?" + canonical_query);
   for (int attempt = 0;; ++attempt) {
@@ -298,7 +354,7 @@ S3Client::Result S3Client::send(const std::string& method, const std::string& bu
     for (const auto& [name, value] : signed_request.headers) {
       if (name != "host") request.headers.emplace_back(name, value);
     }
-    request.headers.emplace_back("authorization", sigv4_authorization(signed_request, *config_.credentials,
+    request.headers.emplace_back("authorization", sigv4_authorization(signed_request, credentials,
                                                                        config_.region, "s3", signed_request.headers["x-amz-date"]));
     const bool last = attempt + 1 >= config_.max_attempts;
     try {

@@ -5,7 +5,8 @@
 // Configuration as the AWS CLI and SDKs take it: credentials from AWS_ACCESS_KEY_ID,
 // AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), else the profile AWS_PROFILE names ("default")
 // in the shared credentials file (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials) or the config
-// file (AWS_CONFIG_FILE, ~/.aws/config); the region from AWS_REGION, AWS_DEFAULT_REGION or the
+// file (AWS_CONFIG_FILE, ~/.aws/config), else the temporary credentials of a web identity, a
+// container or an EC2 instance (aws_credentials.h); the region from AWS_REGION, AWS_DEFAULT_REGION or the
 // profile's `region` (else us-east-1); the endpoint from AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or
 // the profile's `endpoint_url`, for S3-compatible stores (addressed path-style), else AWS's own.
 #pragma once
@@ -18,22 +19,17 @@
 #include <string>
 #include <vector>
 
+#include "tessel/checkpoint/detail/io/aws_credentials.h"
 #include "tessel/checkpoint/detail/io/http.h"
 #include "tessel/checkpoint/detail/io/object_store.h"
 
 namespace tessel::detail {
 
-struct S3Credentials {
-  std::string access_key;
-  std::string secret_key;
-  std::string session_token;  // "" unless temporary credentials
-};
-
 struct S3Config {
   std::string endpoint;  // "https://s3.us-east-1.amazonaws.com" or an override, no trailing '/'
   bool path_style = false;
   std::string region = "us-east-1";
-  std::optional<S3Credentials> credentials;
+  std::shared_ptr<const AwsCredentialSource> credentials;  // null when none was found
   std::string credentials_hint;  // where credentials were looked for, for the error without them
   int max_attempts = 8;
 
