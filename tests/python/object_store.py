@@ -248,6 +248,8 @@ class FaultProxy(_LocalServer):
         self.answers = []  # (method, path, status, body) of each forwarded request's answer
         self.require = None  # when set, a request without "Authorization: <require>" is answered 401
         self.on_request = None  # when set, called with (method, path) as a request comes in, before the rest
+        # When set, called with (method, path, authorization); a (status, body) it returns is the answer.
+        self.refuse = None
         self.upstream = upstream.removeprefix("http://")
         self.rate = rate
         self.rng = random.Random(seed)
@@ -275,6 +277,15 @@ class FaultProxy(_LocalServer):
                 with proxy.lock:
                     proxy.authorizations.append(authorization)
                     proxy.security_tokens.append(self.headers.get("x-amz-security-token", ""))
+                refusal = proxy.refuse(self.command, self.path, authorization) if proxy.refuse else None
+                if refusal:
+                    status, doc = refusal
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(doc)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(doc)
+                    return
                 if proxy.require is not None and authorization != proxy.require:
                     doc = b'{"error": {"code": 401, "message": "Anonymous caller does not have access"}}'
                     self.send_response(401)

@@ -120,6 +120,23 @@ def test_container_credentials_are_fetched_and_renewed(rng, tmp, store, monkeypa
         later = {(c["AccessKeyId"], c["Token"]) for c in creds.handed[handed_before:]}
         assert later and set(signed_with(proxy)[signed_before:]) <= later, "the restore after the wait used new keys"
 
+        # Keys the store calls expired before their stated time: fetched again, the request sent again.
+        stale = creds.handed[-1]["AccessKeyId"]
+        refused = []
+
+        def refuse(method, path, authorization):
+            if f"Credential={stale}/" in authorization:
+                refused.append(path)
+                return 400, b"<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>"
+            return None
+
+        proxy.refuse = refuse
+        handed_before = len(creds.handed)
+        got = tessel.checkpoint.restore(url)
+        assert refused and len(creds.handed) == handed_before + 1, (refused, len(creds.handed))
+        assert got["b"].shape == (8,)
+        proxy.refuse = None
+
         creds.fail_with = 500
         monkeypatch.setenv("TESSEL_S3_MAX_ATTEMPTS", "3")  # a new client: nothing held
         with pytest.raises(tessel.IoError, match=rf"getting AWS credentials from the container credentials endpoint "

@@ -217,6 +217,13 @@ S3Credentials AwsCredentialSource::get() const {
   return *held_;
 }
 
+bool AwsCredentialSource::renew_after_refusal(const std::string& access_key) const {
+  if (kind_ == Kind::kFixed) return false;
+  std::lock_guard lock(mu_);
+  if (held_ && held_->access_key == access_key) held_.reset();
+  return true;
+}
+
 ExpiringCredentials AwsCredentialSource::fetch() const {
   switch (kind_) {
     case Kind::kWebIdentity:

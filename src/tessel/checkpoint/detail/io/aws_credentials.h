@@ -59,6 +59,11 @@ class AwsCredentialSource {
   // The credentials now: fetched when none are held or they are due for renewal. Throws IoError
   // naming the source when that fails. Thread-safe.
   S3Credentials get() const;
+  // After a store refused `access_key` as expired (S3's ExpiredToken): whether new credentials are
+  // worth asking for (the source is temporary); if so the held ones are dropped unless another
+  // request already replaced them, so the next get() fetches. The SDKs do the same for
+  // credentials revoked or rotated before their stated expiry.
+  bool renew_after_refusal(const std::string& access_key) const;
 
  private:
   AwsCredentialSource() = default;

@@ -91,6 +91,15 @@ std::string amz_date_now() {
   return buf;
 }
 
+// S3's answer to temporary credentials past their life (or revoked before it). An answer to HEAD
+// has no body to say so: its 400 or 403 may be that too.
+bool expired_credentials(const std::string& method, long status, const std::string& body) {
+  if (status != 400 && status != 403) return false;
+  if (method == "HEAD") return body.empty();
+  return body.find("<Code>ExpiredToken</Code>") != std::string::npos ||
+         body.find("<Code>TokenRefreshRequired</Code>") != std::string::npos;
+}
+
 bool retryable(long status, const std::string& body) {
   if (status >= 500 || status == 429) return true;
   // S3 answers some throttling and timeouts with 400.
@@ -325,7 +334,8 @@ S3Client::Result S3Client::send(const std::string& method, const std::string& bu
                                 std::map<std::string, std::string> headers, std::span<const std::byte> body,
                                 std::span<std::byte> into) const {
   if (!config_.credentials) throw IoError(fmt::format("s3://{}/{}: no AWS credentials: {}", bucket, key, config_.credentials_hint));
-  const S3Credentials credentials = config_.credentials->get();
+  S3Credentials credentials = config_.credentials->get();
+  bool renewed = false;
   const std::string scheme_end = "://";
   const size_t host_at = config_.endpoint.find(scheme_end) + scheme_end.size();
   std::string host = config_.endpoint.substr(host_at);
@@ -362,6 +372,17 @@ S3Client::Result S3Client::send(const std::string& method, const std::string& bu
     } catch (const HttpTransportError& e) {
       if (last) throw IoError(fmt::format("{} (gave up after {} attempts)", e.what(), attempt + 1));
       back_off(attempt);
+      continue;
+    }
+    if (!renewed && expired_credentials(method, result.response.status, result.response.body) &&
+        config_.credentials->renew_after_refusal(credentials.access_key)) {
+      renewed = true;  // once: credentials refused again are the store's answer
+      credentials = config_.credentials->get();
+      if (credentials.session_token.empty()) {
+        signed_request.headers.erase("x-amz-security-token");
+      } else {
+        signed_request.headers["x-amz-security-token"] = credentials.session_token;
+      }
       continue;
     }
     if (last || !retryable(result.response.status, result.response.body)) return result;
