@@ -152,6 +152,43 @@ TEST(S3Config, FindsTemporaryCredentialsInTheSdksOrder) {
   EXPECT_EQ(S3Config::from_environment().credentials->kind(), AwsCredentialSource::Kind::kFixed);
 }
 
+TEST(S3Config, AssumesAProfilesRoleWithItsSourceProfilesKeys) {
+  testing::TempDir tmp;
+  Env env;
+  for (const char* n : kAwsVariables) env.unset(n);
+  env.set("AWS_EC2_METADATA_DISABLED", "true");
+  env.set("AWS_SHARED_CREDENTIALS_FILE", (tmp.path() / "credentials").string());
+  env.set("AWS_CONFIG_FILE", (tmp.path() / "config").string());
+  std::ofstream(tmp.path() / "credentials") << "[base]\naws_access_key_id = AKBASE\naws_secret_access_key = sb\n";
+  std::ofstream(tmp.path() / "config")
+      << "[profile cross]\nrole_arn = arn:aws:iam::2:role/reader\nsource_profile = base\nregion = eu-west-2\n"
+         "aws_access_key_id = AKIGNORED\naws_secret_access_key = x\n"
+         "[profile chain]\nrole_arn = arn:aws:iam::3:role/r\nsource_profile = cross\n"
+         "[profile lonely]\nrole_arn = arn:aws:iam::4:role/r\n"
+         "[profile instance]\nrole_arn = arn:aws:iam::5:role/r\ncredential_source = Ec2InstanceMetadata\n"
+         "[profile nokeys]\nrole_arn = arn:aws:iam::6:role/r\nsource_profile = lonely2\n"
+         "[profile sso]\nsso_session = corp\nsso_account_id = 1\n"
+         "[profile process]\ncredential_process = /usr/bin/creds --json\n";
+  env.set("AWS_PROFILE", "cross");
+  const S3Config c = S3Config::from_environment();
+  ASSERT_TRUE(c.credentials);
+  EXPECT_EQ(c.credentials->kind(), AwsCredentialSource::Kind::kAssumedRole);  // before the profile's own keys
+  EXPECT_EQ(c.credentials->where(), "the role arn:aws:iam::2:role/reader assumed with key AKBASE at "
+                                    "https://sts.eu-west-2.amazonaws.com");
+  const std::pair<const char*, const char*> refused[] = {
+      {"chain", "role chains are not supported"},
+      {"lonely", "has role_arn but neither source_profile nor web_identity_token_file"},
+      {"instance", "credential_source, which is not supported"},
+      {"nokeys", "names source_profile 'lonely2', which has no aws_access_key_id"},
+      {"sso", "takes its credentials from sso_session, which tessel does not read"},
+      {"process", "takes its credentials from credential_process, which tessel does not read"}};
+  for (const auto& [profile, message] : refused) {
+    env.set("AWS_PROFILE", profile);
+    EXPECT_THAT([] { S3Config::from_environment(); }, ::testing::ThrowsMessage<ValueError>(HasSubstr(message)))
+        << profile;
+  }
+}
+
 TEST(AwsCredentials, ReadsStsAnswers) {
   const std::string ok =
       "<AssumeRoleWithWebIdentityResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">"
@@ -168,6 +205,9 @@ TEST(AwsCredentials, ReadsStsAnswers) {
     parse_sts_credentials("<ErrorResponse><Error><Type>Sender</Type><Code>ExpiredTokenException</Code>"
                           "<Message>Token expired</Message></Error></ErrorResponse>", "sts");
   }, ::testing::ThrowsMessage<IoError>(HasSubstr("sts: ExpiredTokenException: Token expired")));
+  EXPECT_EQ(parse_sts_credentials("<AssumeRoleResponse><AssumeRoleResult><Credentials><AccessKeyId>A</AccessKeyId>"
+                                  "<SecretAccessKey>S</SecretAccessKey></Credentials></AssumeRoleResult>"
+                                  "</AssumeRoleResponse>", "sts").credentials.access_key, "A");
   EXPECT_THAT([] { parse_sts_credentials("<a/>", "sts"); },
               ::testing::ThrowsMessage<IoError>(HasSubstr("no AccessKeyId and SecretAccessKey")));
   EXPECT_THAT([] { parse_sts_credentials("not xml <", "sts"); }, ::testing::ThrowsMessage<IoError>(HasSubstr("no XML")));

@@ -246,6 +246,7 @@ class FaultProxy(_LocalServer):
         self.authorizations = []  # each request's Authorization header ("" without)
         self.security_tokens = []  # each request's x-amz-security-token header ("" without)
         self.answers = []  # (method, path, status, body) of each forwarded request's answer
+        self.posts = []  # (path, headers, body) of each POST
         self.require = None  # when set, a request without "Authorization: <require>" is answered 401
         self.on_request = None  # when set, called with (method, path) as a request comes in, before the rest
         # When set, called with (method, path, authorization); a (status, body) it returns is the answer.
@@ -271,6 +272,8 @@ class FaultProxy(_LocalServer):
             def handle_any(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
                 with proxy.lock:
+                    if self.command == "POST":
+                        proxy.posts.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
                     if proxy.on_request:
                         proxy.on_request(self.command, self.path)
                 authorization = self.headers.get("Authorization", "")

@@ -1,13 +1,16 @@
 """Checkpoints in an S3 bucket, on moto's server started on 127.0.0.1: the bucket tests
 (bucket_cases.py), and what is S3's own: AWS credentials, fixed or temporary (a web identity
 exchanged at moto's STS, a container's credentials endpoint, the EC2 instance metadata service:
-the last two stand-ins served by the test)."""
+a role assumed with another profile's keys; the last two stand-ins served by the test)."""
 import os
 import re
 import time
 import xml.etree.ElementTree as ET
 
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 import tessel
 from bucket_cases import *  # noqa: F401,F403 - the tests, collected here against S3
@@ -94,6 +97,44 @@ def test_web_identity_credentials_come_from_sts(rng, tmp, store, monkeypatch):
     with pytest.raises(tessel.IoError, match=r"getting AWS credentials from web identity \(role "
                                              r"arn:aws:iam::123456789012:role/tessel-trainer.*cannot read the token file"):
         tessel.checkpoint.restore(store.url("any"))
+
+
+def test_a_profiles_role_is_assumed_with_its_source_profiles_keys(rng, tmp, store, monkeypatch):
+    """A profile with role_arn and source_profile (another account's role): STS's AssumeRole,
+    signed with the source profile's keys, hands the keys that sign every S3 request."""
+    without_keys(monkeypatch, tmp)
+    source_key = f"AKIA{rng.randrange(10**12):012d}"
+    with open(os.path.join(tmp, "credentials"), "w") as f:
+        f.write(f"[base]\naws_access_key_id = {source_key}\naws_secret_access_key = base-secret\n")
+    with open(os.path.join(tmp, "config"), "w") as f:
+        f.write("[profile reader]\nrole_arn = arn:aws:iam::123456789012:role/checkpoint-reader\n"
+                "source_profile = base\nrole_session_name = tessel-reader\nexternal_id = ext-42\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.path.join(tmp, "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.path.join(tmp, "config"))
+    monkeypatch.setenv("AWS_PROFILE", "reader")
+    with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", proxy.endpoint)
+        round_trip(rng, store, "assumed-role")
+    answers = [body for method, _, status, body in proxy.answers if b"<AssumeRoleResponse" in body]
+    assert len(answers) == 1
+    ns = {"sts": "https://sts.amazonaws.com/doc/2011-06-15/"}
+    creds = ET.fromstring(answers[0]).find("sts:AssumeRoleResult/sts:Credentials", ns)
+    key, token = creds.find("sts:AccessKeyId", ns).text, creds.find("sts:SessionToken", ns).text
+    signed = signed_with(proxy)
+    assert signed[0] == (source_key, ""), signed[0]  # the AssumeRole request itself
+    assert set(signed[1:]) == {(key, token)}
+    # The AssumeRole request's signature is the one botocore computes for the same request.
+    (path, headers, body), = [p for p in proxy.posts if b"Action=AssumeRole&" in p[2]]
+    assert b"ExternalId=ext-42" in body and b"RoleSessionName=tessel-reader" in body
+    scope = re.search(r"Credential=[^/]+/(\d+)/([^/]+)/sts/aws4_request", headers["authorization"])
+    request = AWSRequest("POST", proxy.endpoint + path, data=body,
+                         headers={"Content-Type": headers["content-type"], "Host": headers["host"],
+                                  "X-Amz-Date": headers["x-amz-date"]})
+    request.context["timestamp"] = headers["x-amz-date"]
+    auth = SigV4Auth(Credentials(source_key, "base-secret"), "sts", scope.group(2))
+    want = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
+    assert headers["authorization"].endswith(f"Signature={want}"), (headers["authorization"], want)
 
 
 def test_container_credentials_are_fetched_and_renewed(rng, tmp, store, monkeypatch):

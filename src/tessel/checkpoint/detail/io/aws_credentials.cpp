@@ -14,6 +14,7 @@
 #include <pugixml.hpp>
 
 #include "tessel/checkpoint/detail/io/http.h"
+#include "tessel/checkpoint/detail/io/s3.h"
 #include "tessel/core/error.h"
 
 namespace tessel::detail {
@@ -110,8 +111,9 @@ ExpiringCredentials parse_sts_credentials(std::string_view xml, const std::strin
   if (pugi::xml_node error = doc.child("ErrorResponse").child("Error"); error) {
     throw IoError(fmt::format("{}: {}: {}", where, error.child_value("Code"), error.child_value("Message")));
   }
-  const pugi::xml_node c =
-      doc.child("AssumeRoleWithWebIdentityResponse").child("AssumeRoleWithWebIdentityResult").child("Credentials");
+  pugi::xml_node c = doc.child("AssumeRoleWithWebIdentityResponse").child("AssumeRoleWithWebIdentityResult");
+  if (!c) c = doc.child("AssumeRoleResponse").child("AssumeRoleResult");
+  c = c.child("Credentials");
   ExpiringCredentials out;
   out.credentials = {c.child_value("AccessKeyId"), c.child_value("SecretAccessKey"), c.child_value("SessionToken")};
   if (out.credentials.access_key.empty() || out.credentials.secret_key.empty())
@@ -173,6 +175,22 @@ std::shared_ptr<const AwsCredentialSource> AwsCredentialSource::web_identity(std
   return s;
 }
 
+std::shared_ptr<const AwsCredentialSource> AwsCredentialSource::assume_role(S3Credentials source, std::string role_arn,
+                                                                            std::string session_name,
+                                                                            std::string external_id,
+                                                                            std::string sts_endpoint, std::string region) {
+  auto s = std::shared_ptr<AwsCredentialSource>(new AwsCredentialSource());
+  s->kind_ = Kind::kAssumedRole;
+  s->where_ = fmt::format("the role {} assumed with key {} at {}", role_arn, source.access_key, sts_endpoint);
+  s->source_ = std::move(source);
+  s->role_arn_ = std::move(role_arn);
+  s->session_name_ = std::move(session_name);
+  s->external_id_ = std::move(external_id);
+  s->url_ = std::move(sts_endpoint);
+  s->region_ = std::move(region);
+  return s;
+}
+
 std::shared_ptr<const AwsCredentialSource> AwsCredentialSource::container(std::string url, std::string token,
                                                                           std::string token_file) {
   const std::string host = url_host(url);
@@ -228,6 +246,8 @@ ExpiringCredentials AwsCredentialSource::fetch() const {
   switch (kind_) {
     case Kind::kWebIdentity:
       return fetch_web_identity();
+    case Kind::kAssumedRole:
+      return fetch_assumed_role();
     case Kind::kContainer:
       return fetch_container();
     case Kind::kInstanceMetadata:
@@ -239,20 +259,48 @@ ExpiringCredentials AwsCredentialSource::fetch() const {
 }
 
 ExpiringCredentials AwsCredentialSource::fetch_web_identity() const {
-  const std::string what = "getting AWS credentials from " + where_;
   std::string token;
   try {
     token = trim(read_text(token_file_));
   } catch (const IoError& e) {
-    throw IoError(fmt::format("{}: {}", what, e.what()));
+    throw IoError(fmt::format("getting AWS credentials from {}: {}", where_, e.what()));
   }
-  if (token.empty()) throw IoError(fmt::format("{}: the token file '{}' is empty", what, token_file_));
-  std::string body = "Action=AssumeRoleWithWebIdentity&Version=2011-06-15";
-  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"RoleArn", role_arn_}, {"RoleSessionName", session_name_}, {"WebIdentityToken", token}})
-    body += "&" + name + "=" + uri_encode(value, false);
-  HttpRequest request{"POST", url_ + "/", {{"content-type", "application/x-www-form-urlencoded"}},
-                      std::as_bytes(std::span(body.data(), body.size()))};
+  if (token.empty())
+    throw IoError(fmt::format("getting AWS credentials from {}: the token file '{}' is empty", where_, token_file_));
+  return ask_sts("AssumeRoleWithWebIdentity", {{"WebIdentityToken", token}}, /*signed_request=*/false);
+}
+
+ExpiringCredentials AwsCredentialSource::fetch_assumed_role() const {
+  std::vector<std::pair<std::string, std::string>> fields;
+  if (!external_id_.empty()) fields.emplace_back("ExternalId", external_id_);
+  return ask_sts("AssumeRole", std::move(fields), /*signed_request=*/true);
+}
+
+ExpiringCredentials AwsCredentialSource::ask_sts(const std::string& action,
+                                                 std::vector<std::pair<std::string, std::string>> fields,
+                                                 bool signed_request) const {
+  const std::string what = "getting AWS credentials from " + where_;
+  fields.emplace_back("RoleArn", role_arn_);
+  fields.emplace_back("RoleSessionName", session_name_);
+  std::sort(fields.begin(), fields.end());
+  std::string body = "Action=" + action + "&Version=2011-06-15";
+  for (const auto& [name, value] : fields) body += "&" + name + "=" + uri_encode(value, false);
+  const auto bytes = std::as_bytes(std::span(body.data(), body.size()));
+  HttpRequest request{"POST", url_ + "/", {{"content-type", "application/x-www-form-urlencoded"}}, bytes};
+  if (signed_request) {
+    const std::string host = url_.substr(url_.find("://") + 3);
+    char date[17];
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    std::strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
+    SignedRequest signed_parts{"POST", "/", "", {{"content-type", "application/x-www-form-urlencoded"}, {"host", host},
+                                                  {"x-amz-date", date}}, sha256_hex(bytes)};
+    if (!source_.session_token.empty()) signed_parts.headers["x-amz-security-token"] = source_.session_token;
+    request.headers.emplace_back("x-amz-date", date);
+    if (!source_.session_token.empty()) request.headers.emplace_back("x-amz-security-token", source_.session_token);
+    request.headers.emplace_back("authorization", sigv4_authorization(signed_parts, source_, region_, "sts", date));
+  }
   request.connect_timeout_s = 10;
   request.total_timeout_s = 60;
   const HttpResponse r = send_with_retries(request, what, /*any_status=*/true);

@@ -1,5 +1,7 @@
 // Internal (not installed): AWS credentials that expire and are fetched again, from the sources the
 // AWS SDKs' default chain tries after the environment's and the profile's keys (s3.h):
+//   0. a role a profile assumes with another profile's keys (role_arn, source_profile; STS's
+//      AssumeRole, signed with those keys);
 //   1. web identity: AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN (or the profile's
 //      web_identity_token_file and role_arn), the token exchanged at STS (AssumeRoleWithWebIdentity;
 //      EKS's service-account roles);
@@ -19,6 +21,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace tessel::detail {
 
@@ -36,10 +40,15 @@ struct ExpiringCredentials {
 
 class AwsCredentialSource {
  public:
-  enum class Kind { kFixed, kWebIdentity, kContainer, kInstanceMetadata };
+  enum class Kind { kFixed, kAssumedRole, kWebIdentity, kContainer, kInstanceMetadata };
 
   // Keys that never expire (the environment's or a profile's).
   static std::shared_ptr<const AwsCredentialSource> fixed(S3Credentials credentials, std::string where);
+  // `role_arn` assumed at STS with `source`'s keys (the request signed for `region`); `external_id`
+  // sent when not empty.
+  static std::shared_ptr<const AwsCredentialSource> assume_role(S3Credentials source, std::string role_arn,
+                                                                std::string session_name, std::string external_id,
+                                                                std::string sts_endpoint, std::string region);
   // `sts_endpoint` without a trailing '/'; the token file is read again at each exchange (it is
   // rotated by the platform).
   static std::shared_ptr<const AwsCredentialSource> web_identity(std::string token_file, std::string role_arn,
@@ -69,6 +78,9 @@ class AwsCredentialSource {
   AwsCredentialSource() = default;
   ExpiringCredentials fetch() const;
   ExpiringCredentials fetch_web_identity() const;
+  ExpiringCredentials fetch_assumed_role() const;
+  ExpiringCredentials ask_sts(const std::string& action, std::vector<std::pair<std::string, std::string>> fields,
+                              bool signed_request) const;
   ExpiringCredentials fetch_container() const;
   ExpiringCredentials fetch_instance_metadata() const;
 
@@ -77,13 +89,14 @@ class AwsCredentialSource {
   std::string url_;         // STS endpoint, container URL, metadata endpoint
   std::string token_;       // container authorization
   std::string token_file_;  // web identity token, container authorization token
-  std::string role_arn_, session_name_;
+  std::string role_arn_, session_name_, external_id_, region_;
+  S3Credentials source_;  // an assumed role's
   mutable std::mutex mu_;
   mutable std::optional<S3Credentials> held_;
   mutable std::chrono::system_clock::time_point renew_at_{};
 };
 
-// An STS AssumeRoleWithWebIdentity answer (bytes a server sent: fuzzed). Throws IoError naming
+// An STS AssumeRole or AssumeRoleWithWebIdentity answer (bytes a server sent: fuzzed). Throws IoError naming
 // `where` for one without credentials, with STS's error code and message when it sent an error.
 ExpiringCredentials parse_sts_credentials(std::string_view xml, const std::string& where);
 // A container endpoint's or the instance metadata service's JSON answer: AccessKeyId,

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
-#include <functional>
 #include <mutex>
 #include <sstream>
 
@@ -175,31 +174,90 @@ ObjectListing parse_list_page(std::string_view body, const std::string& where, s
 
 namespace {
 
-using Setting = std::function<std::string(const std::string&)>;
+// One profile's settings: the credentials file's section first, then the config file's.
+struct Profile {
+  std::string name;
+  std::map<std::string, std::string> credentials, config;
+
+  static Profile read(const std::string& name, const std::string& credentials_file, const std::string& config_file) {
+    Profile p;
+    p.name = name;
+    if (!credentials_file.empty()) p.credentials = ini_section(credentials_file, name);
+    if (!config_file.empty()) p.config = ini_section(config_file, name == "default" ? name : "profile " + name);
+    return p;
+  }
+  std::string operator()(const std::string& key) const {
+    if (auto it = credentials.find(key); it != credentials.end()) return it->second;
+    if (auto it = config.find(key); it != config.end()) return it->second;
+    return {};
+  }
+};
 
 bool is_true(const std::string& v) { return v == "true" || v == "True" || v == "TRUE" || v == "1"; }
 
-// The temporary credentials' source the environment and the profile configure, in the SDKs' order
-// (aws_credentials.h); null when there is none.
-std::shared_ptr<const AwsCredentialSource> temporary_credentials(const Setting& setting, const std::string& region) {
+std::string sts_endpoint(const std::string& region) {
+  std::string sts = env("AWS_ENDPOINT_URL_STS");
+  if (sts.empty()) sts = env("AWS_ENDPOINT_URL");
+  if (sts.empty()) sts = "https://sts." + region + ".amazonaws.com";
+  if (!sts.starts_with("http://") && !sts.starts_with("https://"))
+    throw ValueError("the STS endpoint '" + sts + "' is not an http:// or https:// URL");
+  while (sts.ends_with('/')) sts.pop_back();
+  return sts;
+}
+
+std::string session_name(std::string given) {
+  return given.empty() ? fmt::format("tessel-{}", std::time(nullptr)) : given;
+}
+
+// The profile's fixed keys; null when it has none.
+std::shared_ptr<const AwsCredentialSource> profile_keys(const Profile& p) {
+  const std::string key = p("aws_access_key_id");
+  if (key.empty()) return nullptr;
+  if (p("aws_secret_access_key").empty())
+    throw ValueError(fmt::format("AWS profile '{}' has aws_access_key_id but no aws_secret_access_key", p.name));
+  return AwsCredentialSource::fixed({key, p("aws_secret_access_key"), p("aws_session_token")},
+                                    "AWS profile '" + p.name + "'");
+}
+
+// A role the profile assumes with another profile's keys (role_arn and source_profile), or with a
+// web identity (the environment's AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN first, else the
+// profile's web_identity_token_file and role_arn): the SDKs try these before the profile's own keys.
+std::shared_ptr<const AwsCredentialSource> assumed_role(const Profile& p, const std::string& credentials_file,
+                                                        const std::string& config_file, const std::string& region) {
+  const std::string role = p("role_arn");
+  if (!role.empty() && !p("source_profile").empty()) {
+    const Profile source = Profile::read(p("source_profile"), credentials_file, config_file);
+    if (!source("role_arn").empty())
+      throw ValueError(fmt::format("AWS profile '{}' takes its keys from profile '{}', which assumes a role itself: "
+                                   "role chains are not supported",
+                                   p.name, source.name));
+    auto keys = profile_keys(source);
+    if (!keys)
+      throw ValueError(fmt::format("AWS profile '{}' names source_profile '{}', which has no aws_access_key_id",
+                                   p.name, source.name));
+    return AwsCredentialSource::assume_role(keys->get(), role, session_name(p("role_session_name")), p("external_id"),
+                                            sts_endpoint(region), region);
+  }
   std::string token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE"), role_arn = env("AWS_ROLE_ARN");
   std::string session = env("AWS_ROLE_SESSION_NAME");
-  if (token_file.empty() && role_arn.empty()) {
-    token_file = setting("web_identity_token_file");
-    role_arn = setting("role_arn");
-    if (session.empty()) session = setting("role_session_name");
+  if (token_file.empty() || role_arn.empty()) {  // one of the two alone is no web identity (the SDKs pass over it)
+    token_file = p("web_identity_token_file");
+    role_arn = role;
+    if (session.empty()) session = p("role_session_name");
   }
-  if (!token_file.empty() && !role_arn.empty()) {
-    std::string sts = env("AWS_ENDPOINT_URL_STS");
-    if (sts.empty()) sts = env("AWS_ENDPOINT_URL");
-    if (sts.empty()) sts = "https://sts." + region + ".amazonaws.com";
-    if (!sts.starts_with("http://") && !sts.starts_with("https://"))
-      throw ValueError("the STS endpoint '" + sts + "' is not an http:// or https:// URL");
-    while (sts.ends_with('/')) sts.pop_back();
-    if (session.empty()) session = fmt::format("tessel-{}", std::time(nullptr));
-    return AwsCredentialSource::web_identity(token_file, role_arn, session, sts);
+  if (!token_file.empty() && !role_arn.empty())
+    return AwsCredentialSource::web_identity(token_file, role_arn, session_name(session), sts_endpoint(region));
+  if (!role.empty()) {
+    throw ValueError(fmt::format("AWS profile '{}' has role_arn but {}", p.name,
+                                 p("credential_source").empty()
+                                     ? "neither source_profile nor web_identity_token_file"
+                                     : "takes its keys from credential_source, which is not supported (use source_profile)"));
   }
-  // One of the two alone is no web identity (the SDKs pass over it too).
+  return nullptr;
+}
+
+// A container's credentials endpoint, else the EC2 instance metadata service; null when neither.
+std::shared_ptr<const AwsCredentialSource> machine_role() {
   std::string container = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
   if (std::string relative = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"); !relative.empty())
     container = "http://169.254.170.2" + (relative.starts_with('/') ? relative : "/" + relative);
@@ -220,47 +278,47 @@ std::shared_ptr<const AwsCredentialSource> temporary_credentials(const Setting& 
 
 S3Config S3Config::from_environment() {
   S3Config c;
-  std::string profile = env("AWS_PROFILE");
-  if (profile.empty()) profile = "default";
+  std::string profile_name = env("AWS_PROFILE");
+  if (profile_name.empty()) profile_name = "default";
   const std::string credentials_file = home_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
   const std::string config_file = home_file("AWS_CONFIG_FILE", "config");
-  const auto from_credentials = credentials_file.empty() ? std::map<std::string, std::string>()
-                                                         : ini_section(credentials_file, profile);
-  const auto from_config = config_file.empty() ? std::map<std::string, std::string>()
-                                               : ini_section(config_file, profile == "default" ? profile : "profile " + profile);
-  const Setting setting = [&](const std::string& name) {
-    if (auto it = from_credentials.find(name); it != from_credentials.end()) return it->second;
-    if (auto it = from_config.find(name); it != from_config.end()) return it->second;
-    return std::string();
-  };
-  for (const std::string& r : {env("AWS_REGION"), env("AWS_DEFAULT_REGION"), setting("region")}) {
+  const Profile profile = Profile::read(profile_name, credentials_file, config_file);
+  for (const std::string& r : {env("AWS_REGION"), env("AWS_DEFAULT_REGION"), profile("region")}) {
     if (!r.empty()) {
       c.region = r;
       break;
     }
   }
-  c.credentials_hint = fmt::format("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set, profile '{}' has no "
-                                   "aws_access_key_id in {} or {}",
-                                   profile, credentials_file.empty() ? "~/.aws/credentials" : credentials_file,
-                                   config_file.empty() ? "~/.aws/config" : config_file);
+  // The SDKs' order: the environment's keys, a role the profile assumes (with another profile's
+  // keys or a web identity), the profile's keys, the container's or the instance's role.
   if (std::string key = env("AWS_ACCESS_KEY_ID"); !key.empty()) {
     if (env("AWS_SECRET_ACCESS_KEY").empty()) throw ValueError("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
     c.credentials = AwsCredentialSource::fixed({key, env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")},
                                                "AWS_ACCESS_KEY_ID");
-  } else if (std::string k = setting("aws_access_key_id"); !k.empty()) {
-    if (setting("aws_secret_access_key").empty())
-      throw ValueError(fmt::format("AWS profile '{}' has aws_access_key_id but no aws_secret_access_key", profile));
-    c.credentials = AwsCredentialSource::fixed({k, setting("aws_secret_access_key"), setting("aws_session_token")},
-                                               "AWS profile '" + profile + "'");
-  } else {
-    c.credentials = temporary_credentials(setting, c.region);
-    c.credentials_hint += ", and there is no web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN), container "
-                          "credentials endpoint (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI) or EC2 "
-                          "instance metadata service (AWS_EC2_METADATA_SERVICE_ENDPOINT off EC2)";
   }
+  if (!c.credentials) c.credentials = assumed_role(profile, credentials_file, config_file, c.region);
+  if (!c.credentials) c.credentials = profile_keys(profile);
+  if (!c.credentials) {
+    // The SDKs would ask these before a machine's role: going past them would sign as another identity.
+    for (const char* key : {"sso_session", "sso_start_url", "credential_process"}) {
+      if (!profile(key).empty())
+        throw ValueError(fmt::format("AWS profile '{}' takes its credentials from {}, which tessel does not read: set "
+                                     "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN (`aws configure "
+                                     "export-credentials --profile {} --format env`)",
+                                     profile_name, key, profile_name));
+    }
+    c.credentials = machine_role();
+  }
+  c.credentials_hint = fmt::format(
+      "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set, profile '{}' has no aws_access_key_id in {} or {}, "
+      "and there is no web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN), container credentials endpoint "
+      "(AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI) or EC2 instance metadata service "
+      "(AWS_EC2_METADATA_SERVICE_ENDPOINT off EC2)",
+      profile_name, credentials_file.empty() ? "~/.aws/credentials" : credentials_file,
+      config_file.empty() ? "~/.aws/config" : config_file);
   std::string endpoint = env("AWS_ENDPOINT_URL_S3");
   if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
-  if (endpoint.empty()) endpoint = setting("endpoint_url");
+  if (endpoint.empty()) endpoint = profile("endpoint_url");
   if (endpoint.empty()) {
     c.endpoint = "https://s3." + c.region + ".amazonaws.com";
   } else {
