@@ -61,12 +61,26 @@ def signed_with(proxy) -> list[tuple[str, str]]:
 
 def round_trip(rng, store, name):
     values = {"w": random_array(rng, (rng.randrange(8, 40), 8), "float32"), "b": random_array(rng, (8,), "float32")}
-    url = store.url(f"{name}-{rng.randrange(10**9)}")
+    url = store.url(f"{name.lower()}-{rng.randrange(10**9)}")
     tessel.checkpoint.save(url, values)
     got = tessel.checkpoint.restore(url)
     for k, want in values.items():
         assert_bit_identical(got[k].to_numpy(), want, k)
     return url
+
+
+def round_trip_through_sts(rng, store, monkeypatch, action):
+    """round_trip with S3 and STS (moto's) behind one proxy; the proxy, and the access key and
+    session token of STS's one answer to `action`."""
+    with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", proxy.endpoint)
+        round_trip(rng, store, action)
+    answers = [body for _, _, _, body in proxy.answers if f"<{action}Response".encode() in body]
+    assert len(answers) == 1, "one exchange: the credentials are kept until they near their expiry"
+    ns = {"sts": "https://sts.amazonaws.com/doc/2011-06-15/"}
+    creds = ET.fromstring(answers[0]).find(f"sts:{action}Result/sts:Credentials", ns)
+    return proxy, creds.find("sts:AccessKeyId", ns).text, creds.find("sts:SessionToken", ns).text
 
 
 def test_web_identity_credentials_come_from_sts(rng, tmp, store, monkeypatch):
@@ -79,15 +93,7 @@ def test_web_identity_credentials_come_from_sts(rng, tmp, store, monkeypatch):
     without_keys(monkeypatch, tmp)
     monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", token_file)
     monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/tessel-trainer")
-    with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
-        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", proxy.endpoint)
-        round_trip(rng, store, "web-identity")
-    answers = [body for method, _, status, body in proxy.answers if b"AssumeRoleWithWebIdentityResponse" in body]
-    assert len(answers) == 1, "one exchange: the credentials are kept until they near their expiry"
-    ns = {"sts": "https://sts.amazonaws.com/doc/2011-06-15/"}
-    creds = ET.fromstring(answers[0]).find("sts:AssumeRoleWithWebIdentityResult/sts:Credentials", ns)
-    key, token = creds.find("sts:AccessKeyId", ns).text, creds.find("sts:SessionToken", ns).text
+    proxy, key, token = round_trip_through_sts(rng, store, monkeypatch, "AssumeRoleWithWebIdentity")
     signed = signed_with(proxy)
     assert signed and set(signed) == {(key, token)}, (key, set(signed))
     assert proxy.authorizations.count("") == 1  # the exchange itself is unsigned
@@ -112,15 +118,7 @@ def test_a_profiles_role_is_assumed_with_its_source_profiles_keys(rng, tmp, stor
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.path.join(tmp, "credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", os.path.join(tmp, "config"))
     monkeypatch.setenv("AWS_PROFILE", "reader")
-    with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
-        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", proxy.endpoint)
-        round_trip(rng, store, "assumed-role")
-    answers = [body for method, _, status, body in proxy.answers if b"<AssumeRoleResponse" in body]
-    assert len(answers) == 1
-    ns = {"sts": "https://sts.amazonaws.com/doc/2011-06-15/"}
-    creds = ET.fromstring(answers[0]).find("sts:AssumeRoleResult/sts:Credentials", ns)
-    key, token = creds.find("sts:AccessKeyId", ns).text, creds.find("sts:SessionToken", ns).text
+    proxy, key, token = round_trip_through_sts(rng, store, monkeypatch, "AssumeRole")
     signed = signed_with(proxy)
     assert signed[0] == (source_key, ""), signed[0]  # the AssumeRole request itself
     assert set(signed[1:]) == {(key, token)}
