@@ -228,7 +228,9 @@ S3Credentials AwsCredentialSource::get() const {
   if (!fresh.expires_at) {
     renew_at_ = std::chrono::system_clock::time_point::max();
   } else {
-    const auto expires = std::chrono::system_clock::time_point(std::chrono::seconds(*fresh.expires_at));
+    // Clamped to the year 2200: the clock's nanoseconds end in 2262.
+    const int64_t at = std::min<int64_t>(*fresh.expires_at, int64_t{7258118400});
+    const auto expires = std::chrono::system_clock::time_point(std::chrono::seconds(at));
     const auto life = std::chrono::duration_cast<std::chrono::seconds>(expires - now);
     renew_at_ = expires - std::min<std::chrono::seconds>(std::chrono::minutes(5), life / 2);
   }
