@@ -8,6 +8,7 @@
 
 #include "tessel/checkpoint/detail/io/aws_credentials.h"
 #include "tessel/checkpoint/detail/io/gcs.h"
+#include "tessel/checkpoint/detail/io/http.h"
 #include "tessel/checkpoint/detail/io/s3.h"
 #include "tessel/core/error.h"
 

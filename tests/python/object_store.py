@@ -214,7 +214,7 @@ def upload_tree(store, local_dir: str, prefix: str) -> int:
     return total
 
 
-class _LocalServer:
+class LocalServer:
     """An HTTP server on 127.0.0.1 with a free port, in a thread while the `with` block runs."""
 
     def _serve(self, handler):
@@ -232,7 +232,7 @@ class _LocalServer:
         self.server.server_close()
 
 
-class FaultProxy(_LocalServer):
+class FaultProxy(LocalServer):
     """An HTTP proxy to `upstream` that answers a share `rate` of the requests with a fault instead
     of forwarding them: 503 SlowDown, 500 InternalError, 429, or a dropped connection. Counts what
     it did in `forwarded` and `faults`; keeps the Authorization headers it saw. `corrupt(method, path)`, when set and true, flips a byte
@@ -346,7 +346,7 @@ class FaultProxy(_LocalServer):
         self._serve(Handler)
 
 
-class AwsCredentialServer(_LocalServer):
+class AwsCredentialServer(LocalServer):
     """A stand-in for where AWS hands temporary credentials to a machine: an ECS/EKS container
     credentials endpoint (`container_path`, checking the Authorization header against `token`) and
     the EC2 instance metadata service (IMDSv2: PUT /latest/api/token, then the role's name and

@@ -2,13 +2,13 @@
 bucket tests (bucket_cases.py); Orbax itself writing into the bucket (its paths through gcsfs, its
 arrays through TensorStore's gcs kvstore) and tessel restoring that onto other meshes; and the
 credentials Google's libraries use (a service account's signed JWT, an authorized user's refresh
-token, the metadata server), each token sent with every request, and their failures named."""
+token, workload identity federation's token exchange and impersonation, the metadata server), each
+token sent with every request, and their failures named."""
 import base64
 import http.server
 import json
 import logging
 import os
-import threading
 import urllib.parse
 
 import jax
@@ -17,7 +17,7 @@ import pytest
 import tessel
 from bucket_cases import *  # noqa: F401,F403 - the tests, collected here against GCS
 from bucket_cases import BUCKET, check_shards
-from object_store import FaultProxy, GcsStore, gcs_server
+from object_store import FaultProxy, GcsStore, LocalServer, gcs_server
 from test_tessel_reads_orbax import random_jax_tree, save_with_manager, target_mesh
 from trees import assert_bit_identical, random_array
 
@@ -53,7 +53,22 @@ def test_orbax_writes_into_the_bucket_and_tessel_restores(rng, x64, store, layou
             check_shards(got, values, f"{url}/{step}/{item} on {target}")
 
 
-class TokenServer:
+class JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler that answers JSON documents and logs nothing."""
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class TokenServer(LocalServer):
     """Google's token endpoints, played on 127.0.0.1: the JWT bearer grant (the assertion's RS256
     signature checked against the service account's public key, and its claims), the refresh
     token grant, and the metadata server's token (only with Metadata-Flavor: Google)."""
@@ -63,18 +78,7 @@ class TokenServer:
         self.sa_token = "sa-token"  # what the JWT bearer grant gives now
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def answer(self, status, doc):
-                body = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JsonHandler):
             def do_GET(self):
                 server.requests.append(("GET", self.path))
                 if self.path != "/computeMetadata/v1/instance/service-accounts/default/token":
@@ -98,9 +102,8 @@ class TokenServer:
                 self.answer(400, {"error": "invalid_grant"})
 
         self.public_key = public_key
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._serve(Handler)
+        self.url = self.endpoint
 
     def verify(self, jwt, audience):
         from cryptography.exceptions import InvalidSignature
@@ -120,14 +123,6 @@ class TokenServer:
         assert claims["aud"] == audience and "devstorage" in claims["scope"], claims
         assert claims["exp"] - claims["iat"] == 3600, claims
         return claims
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def rsa_pem():
@@ -247,7 +242,8 @@ def test_application_default_credentials(rng, tmp, server, monkeypatch):
                                                  rf"service_account credentials in '{path}': HTTP 400"):
             tessel.checkpoint.restore(url)
 
-    for doc, message in (({"type": "external_account"}, "has type 'external_account'"),
+    for doc, message in (({"type": "external_account"}, 'has no "audience"'),
+                         ({"type": "impersonated_service_account"}, "has type 'impersonated_service_account'"),
                          ({"type": "service_account", "client_email": email}, 'has no "private_key"'),
                          ({"type": "service_account", "client_email": email, "private_key": "not a key"},
                           "not a PEM private key")):
@@ -257,3 +253,106 @@ def test_application_default_credentials(rng, tmp, server, monkeypatch):
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", os.path.join(tmp, "missing.json"))
     with pytest.raises(tessel.Error, match="GOOGLE_APPLICATION_CREDENTIALS names '.*missing.json', which cannot be read"):
         tessel.checkpoint.restore(url)
+
+
+class FederationServer(LocalServer):
+    """A stand-in for workload identity federation's services: a subject token served at /subject
+    (JSON, for a request with the Metadata header), Google's STS at /v1/token (RFC 8693 token
+    exchange of that subject token for a federated token), and IAM Credentials'
+    generateAccessToken for a service account (the federated token for the account's own)."""
+
+    def __init__(self, rng, audience):
+        self.subject = f"eyJ.subject-{rng.randrange(10**9)}.sig"
+        self.audience = audience
+        self.federated = f"federated-{rng.randrange(10**9)}"
+        self.impersonated = f"impersonated-{rng.randrange(10**9)}"
+        self.requests = []
+        server = self
+
+        class Handler(JsonHandler):
+            def do_GET(self):
+                server.requests.append(("GET", self.path))
+                if self.path == "/subject" and self.headers.get("Metadata") == "True":
+                    return self.answer(200, {"id_token": server.subject})
+                self.answer(404, {"error": "not_found"})
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+                server.requests.append(("POST", self.path))
+                if self.path == "/v1/token":
+                    form = {k: v[0] for k, v in urllib.parse.parse_qs(body).items()}
+                    want = {"grant_type": "urn:ietf:params:oauth:grant-type:token-exchange", "audience": server.audience,
+                            "requested_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                            "subject_token": server.subject, "subject_token_type": "urn:ietf:params:oauth:token-type:jwt"}
+                    if any(form.get(k) != v for k, v in want.items()) or "devstorage" not in form.get("scope", ""):
+                        return self.answer(400, {"error": "invalid_grant", "error_description": f"bad exchange {form}"})
+                    return self.answer(200, {"access_token": server.federated, "expires_in": 3600, "token_type": "Bearer",
+                                             "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"})
+                if self.path.endswith(":generateAccessToken"):
+                    if self.headers.get("Authorization") != f"Bearer {server.federated}":
+                        return self.answer(401, {"error": {"code": 401}})
+                    assert json.loads(body)["lifetime"] == "3600s"
+                    return self.answer(200, {"accessToken": server.impersonated, "expireTime": "2099-01-01T00:00:00Z"})
+                self.answer(404, {"error": "not_found"})
+
+        self._serve(Handler)
+        self.url = self.endpoint
+
+
+def test_workload_identity_federation(rng, tmp, server, monkeypatch):
+    """An external_account credentials file (GKE off Google, other clouds, OIDC providers): the
+    subject token from a file or a URL, exchanged at STS for a federated token, and, where the file
+    names a service account to impersonate, that for the account's token; the token the store sees
+    is the last one. Its failures and the sources tessel does not read are named."""
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GCE_METADATA_HOST", "GCE_METADATA_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", os.path.join(tmp, "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    audience = "//iam.googleapis.com/projects/123/locations/global/workloadIdentityPools/pool/providers/oidc"
+    tree = {"w": random_array(rng, (rng.randrange(8, 48), 16), "float32")}
+
+    def credentials(doc):
+        path = os.path.join(tmp, f"external-{rng.randrange(10**9)}.json")
+        with open(path, "w") as f:
+            json.dump({"type": "external_account", "audience": audience,
+                       "subject_token_type": "urn:ietf:params:oauth:token-type:jwt"} | doc, f)
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", path)
+        return path
+
+    with FederationServer(rng, audience) as fed, FaultProxy(server.endpoint, rate=0.0, seed=0) as proxy:
+        monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", proxy.endpoint)
+        url = server.url(f"federated-{rng.randrange(10**9)}")
+        token_file = os.path.join(tmp, "subject-token")
+        with open(token_file, "w") as f:
+            f.write(fed.subject + "\n")
+        # A file's subject token, no impersonation: the federated token itself.
+        credentials({"token_url": f"{fed.url}/v1/token", "credential_source": {"file": token_file}})
+        proxy.require = f"Bearer {fed.federated}"
+        tessel.checkpoint.save(url, tree)
+        assert_bit_identical(tessel.checkpoint.restore(url)["w"].to_numpy(), tree["w"], "federated")
+        assert fed.requests == [("POST", "/v1/token")], fed.requests
+        # A URL's JSON subject token, then the service account impersonated.
+        impersonation = f"{fed.url}/v1/projects/-/serviceAccounts/trainer@p.iam.gserviceaccount.com:generateAccessToken"
+        credentials({"token_url": f"{fed.url}/v1/token", "service_account_impersonation_url": impersonation,
+                     "credential_source": {"url": f"{fed.url}/subject", "headers": {"Metadata": "True"},
+                                           "format": {"type": "json", "subject_token_field_name": "id_token"}}})
+        proxy.require = f"Bearer {fed.impersonated}"
+        del fed.requests[:]
+        assert_bit_identical(tessel.checkpoint.restore(url)["w"].to_numpy(), tree["w"], "impersonated")
+        assert fed.requests == [("GET", "/subject"), ("POST", "/v1/token"),
+                                ("POST", "/v1/projects/-/serviceAccounts/trainer@p.iam.gserviceaccount.com"
+                                         ":generateAccessToken")], fed.requests
+        # STS refusing the subject token: named.
+        with open(token_file, "w") as f:
+            f.write("a-token-sts-does-not-know")
+        path = credentials({"token_url": f"{fed.url}/v1/token", "credential_source": {"file": token_file}})
+        with pytest.raises(tessel.IoError, match=rf"exchanging the subject token at {fed.url}/v1/token for the "
+                                                 rf"external_account credentials in '{path}': HTTP 400"):
+            tessel.checkpoint.restore(url)
+    for source, message in (({"environment_id": "aws1", "region_url": "http://169.254.169.254"}, '"environment_id"'),
+                            ({"executable": {"command": "/bin/true"}}, '"executable"'),
+                            ({}, 'needs one of "file" and "url"'),
+                            ({"file": "/x", "format": {"type": "json"}}, "needs subject_token_field_name")):
+        credentials({"token_url": "https://sts.googleapis.com/v1/token", "credential_source": source})
+        with pytest.raises(tessel.Error, match=message):
+            tessel.checkpoint.restore(url)

@@ -102,9 +102,6 @@ ExpiringCredentials parse_sts_credentials(std::string_view xml, const std::strin
 // A container endpoint's or the instance metadata service's JSON answer: AccessKeyId,
 // SecretAccessKey, Token, Expiration (bytes a server sent: fuzzed). Throws IoError naming `where`.
 ExpiringCredentials parse_json_credentials(std::string_view json, const std::string& where);
-// "2026-12-03T11:00:00Z" (fractional seconds and a "+00:00" offset allowed) as seconds since the
-// epoch; nullopt for anything else.
-std::optional<int64_t> parse_utc_time(std::string_view text);
 
 // Whether this machine is an EC2 instance, by its DMI (no request made).
 bool on_ec2();

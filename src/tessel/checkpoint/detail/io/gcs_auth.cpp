@@ -5,6 +5,7 @@
 #include <openssl/pem.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -79,6 +80,77 @@ std::string base64(const unsigned char* data, size_t n) {
   const int m = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), data, static_cast<int>(n));
   out.resize(static_cast<size_t>(m));
   return out;
+}
+
+std::string string_in(const nlohmann::json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+bool is_web_url(const std::string& url) { return url.starts_with("https://") || url.starts_with("http://"); }
+
+// An external_account file's settings (workload identity federation), checked.
+GcsExternalAccount external_settings(const nlohmann::json& j, const std::string& path) {
+  GcsExternalAccount e;
+  e.audience = field(j, "audience", path);
+  e.subject_token_type = field(j, "subject_token_type", path);
+  e.impersonation_url = string_in(j, "service_account_impersonation_url");
+  if (!is_web_url(field(j, "token_url", path)) || (!e.impersonation_url.empty() && !is_web_url(e.impersonation_url)))
+    throw ValueError(fmt::format("the credentials file '{}': token_url and service_account_impersonation_url must be "
+                                 "http(s) URLs", path));
+  auto source = j.find("credential_source");
+  if (source == j.end() || !source->is_object())
+    throw ValueError(fmt::format("the credentials file '{}' has no \"credential_source\" object", path));
+  for (const char* unsupported : {"environment_id", "executable"}) {
+    if (source->contains(unsupported))
+      throw ValueError(fmt::format("the credentials file '{}' takes its subject token from \"{}\" (AWS or an "
+                                   "executable), which tessel does not read; a file or a URL is supported",
+                                   path, unsupported));
+  }
+  e.file = string_in(*source, "file");
+  e.url = string_in(*source, "url");
+  if (e.file.empty() == e.url.empty())
+    throw ValueError(fmt::format("the credentials file '{}': credential_source needs one of \"file\" and \"url\"", path));
+  if (!e.url.empty() && !is_web_url(e.url))
+    throw ValueError(fmt::format("the credentials file '{}': credential_source's url '{}' is no http(s) URL", path, e.url));
+  if (auto headers = source->find("headers"); headers != source->end() && headers->is_object()) {
+    for (const auto& [name, value] : headers->items()) {
+      if (!value.is_string() || value.get<std::string>().find_first_of("\r\n") != std::string::npos)
+        throw ValueError(fmt::format("the credentials file '{}': header '{}' is no one-line string", path, name));
+      e.headers.emplace_back(name, value.get<std::string>());
+    }
+  }
+  if (auto format = source->find("format"); format != source->end() && format->is_object()) {
+    e.format = format->value("type", std::string("text"));
+    e.field = string_in(*format, "subject_token_field_name");
+    if (e.format != "text" && e.format != "json")
+      throw ValueError(fmt::format("the credentials file '{}': format type '{}' (text or json)", path, e.format));
+    if (e.format == "json" && e.field.empty())
+      throw ValueError(fmt::format("the credentials file '{}': a json format needs subject_token_field_name", path));
+  }
+  return e;
+}
+
+// The JSON answer of a token service to `request`, tried again on a dropped connection, a 5xx or a
+// 429; `what` names it in errors.
+nlohmann::json token_answer(const HttpRequest& request, const std::string& what) {
+  HttpResponse response;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      response = http_send(request);
+    } catch (const HttpTransportError& e) {
+      if (attempt >= kTokenAttempts) throw IoError(fmt::format("{}: {}", what, e.what()));
+      back_off(attempt);
+      continue;
+    }
+    if ((response.status < 500 && response.status != 429) || attempt >= kTokenAttempts) break;
+    back_off(attempt);
+  }
+  if (response.status != 200)
+    throw IoError(fmt::format("{}: HTTP {}: {}", what, response.status, response.body.substr(0, 300)));
+  nlohmann::json j = nlohmann::json::parse(response.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw IoError(what + ": the answer is no JSON object");
+  return j;
 }
 
 }  // namespace
@@ -158,9 +230,13 @@ GcsAuth GcsAuth::from_environment() {
       a.client_secret_ = field(j, "client_secret", path);
       a.refresh_token_ = field(j, "refresh_token", path);
       a.token_uri_ = j.value("token_uri", std::string(kGoogleTokenUri));
+    } else if (type == "external_account") {
+      a.source_ = Source::kExternalAccount;
+      a.external_ = external_settings(j, path);
+      a.token_uri_ = field(j, "token_url", path);
     } else {
-      throw ValueError(fmt::format("the credentials file '{}' has type '{}'; service_account or authorized_user is "
-                                   "supported", path, type));
+      throw ValueError(fmt::format("the credentials file '{}' has type '{}'; service_account, authorized_user or "
+                                   "external_account is supported", path, type));
     }
     return a;
   }
@@ -188,6 +264,7 @@ GcsAuth& GcsAuth::operator=(const GcsAuth& other) {
   client_id_ = other.client_id_;
   client_secret_ = other.client_secret_;
   refresh_token_ = other.refresh_token_;
+  external_ = other.external_;
   token_ = other.token_;
   refresh_at_ = other.refresh_at_;
   return *this;
@@ -208,6 +285,12 @@ bool GcsAuth::renew_after_refusal(const std::string& authorization) const {
 }
 
 void GcsAuth::fetch_token() const {
+  if (source_ == Source::kExternalAccount) {
+    auto [token, seconds] = external_token();
+    token_ = std::move(token);
+    refresh_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(seconds - std::min<int64_t>(300, seconds / 2));
+    return;
+  }
   HttpRequest request;
   std::string body;
   if (source_ == Source::kMetadataServer) {
@@ -228,32 +311,73 @@ void GcsAuth::fetch_token() const {
                std::as_bytes(std::span(body.data(), body.size()))};
   }
   request.total_timeout_s = 60;
-  const std::string what = fmt::format("getting a GCS access token from {} for {}", token_uri_, hint_);
-  HttpResponse response;
-  for (int attempt = 1;; ++attempt) {
-    try {
-      response = http_send(request);
-    } catch (const HttpTransportError& e) {
-      if (attempt >= kTokenAttempts) throw IoError(fmt::format("{}: {}", what, e.what()));
-      back_off(attempt);
-      continue;
-    }
-    if ((response.status >= 500 || response.status == 429) && attempt < kTokenAttempts) {
-      back_off(attempt);
-      continue;
-    }
-    break;
-  }
-  if (response.status != 200)
-    throw IoError(fmt::format("{}: HTTP {}: {}", what, response.status, response.body.substr(0, 300)));
-  const nlohmann::json j = nlohmann::json::parse(response.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("access_token") || !j["access_token"].is_string())
-    throw IoError(what + ": the answer has no access_token");
+  const nlohmann::json j =
+      token_answer(request, fmt::format("getting a GCS access token from {} for {}", token_uri_, hint_));
+  if (!j.contains("access_token") || !j["access_token"].is_string())
+    throw IoError(fmt::format("getting a GCS access token from {} for {}: the answer has no access_token", token_uri_, hint_));
   token_ = j["access_token"].get<std::string>();
   int64_t seconds = 3600;
   if (auto it = j.find("expires_in"); it != j.end() && it->is_number_integer()) seconds = it->get<int64_t>();
   // Renewed five minutes before it expires (halfway through a shorter life).
   refresh_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(seconds - std::min<int64_t>(300, seconds / 2));
+}
+
+
+std::pair<std::string, int64_t> GcsAuth::external_token() const {
+  const GcsExternalAccount& e = external_;
+  // The subject token: the platform's (a Kubernetes service account's, an OIDC provider's).
+  std::string subject;
+  if (!e.file.empty()) {
+    std::ifstream in(e.file, std::ios::binary);
+    if (!in) throw IoError(fmt::format("getting a GCS access token for {}: cannot read the subject token file '{}'", hint_, e.file));
+    std::ostringstream text;
+    text << in.rdbuf();
+    subject = text.str();
+  } else {
+    HttpRequest request{"GET", e.url, e.headers, {}};
+    request.total_timeout_s = 60;
+    const std::string what = fmt::format("getting the subject token from {} for {}", e.url, hint_);
+    HttpResponse r = http_send(request);
+    if (r.status != 200) throw IoError(fmt::format("{}: HTTP {}: {}", what, r.status, r.body.substr(0, 300)));
+    subject = std::move(r.body);
+  }
+  if (e.format == "json") {
+    const nlohmann::json j = nlohmann::json::parse(subject, nullptr, false);
+    subject = j.is_object() ? string_in(j, e.field.c_str()) : std::string();
+    if (subject.empty()) throw IoError(fmt::format("the subject token for {} has no string \"{}\"", hint_, e.field));
+  }
+  while (!subject.empty() && std::isspace(static_cast<unsigned char>(subject.back()))) subject.pop_back();
+  if (subject.empty()) throw IoError(fmt::format("the subject token for {} is empty", hint_));
+
+  // Google's STS: the subject token for a federated access token (RFC 8693 token exchange).
+  const std::string body = form_encode({{"grant_type", "urn:ietf:params:oauth:grant-type:token-exchange"},
+                                        {"audience", e.audience},
+                                        {"scope", kScope},
+                                        {"requested_token_type", "urn:ietf:params:oauth:token-type:access_token"},
+                                        {"subject_token", subject},
+                                        {"subject_token_type", e.subject_token_type}});
+  HttpRequest exchange{"POST", token_uri_, {{"content-type", "application/x-www-form-urlencoded"}},
+                       std::as_bytes(std::span(body.data(), body.size()))};
+  exchange.total_timeout_s = 60;
+  const nlohmann::json sts = token_answer(exchange, fmt::format("exchanging the subject token at {} for {}", token_uri_, hint_));
+  std::string token = string_in(sts, "access_token");
+  if (token.empty()) throw IoError(fmt::format("{}: the answer has no access_token", token_uri_));
+  int64_t seconds = 3600;
+  if (auto it = sts.find("expires_in"); it != sts.end() && it->is_number_integer()) seconds = it->get<int64_t>();
+  if (e.impersonation_url.empty()) return {token, seconds};
+
+  // The service account's own token, asked for with the federated one.
+  const std::string json_body = nlohmann::json{{"scope", {kScope}}, {"lifetime", "3600s"}}.dump();
+  HttpRequest impersonate{"POST", e.impersonation_url,
+                          {{"content-type", "application/json"}, {"authorization", "Bearer " + token}},
+                          std::as_bytes(std::span(json_body.data(), json_body.size()))};
+  impersonate.total_timeout_s = 60;
+  const std::string what = fmt::format("impersonating at {} for {}", e.impersonation_url, hint_);
+  const nlohmann::json sa = token_answer(impersonate, what);
+  token = string_in(sa, "accessToken");
+  const std::optional<int64_t> expires = parse_utc_time(string_in(sa, "expireTime"));
+  if (token.empty() || !expires) throw IoError(what + ": the answer has no accessToken and expireTime");
+  return {token, std::max<int64_t>(0, *expires - static_cast<int64_t>(std::time(nullptr)))};
 }
 
 }  // namespace tessel::detail

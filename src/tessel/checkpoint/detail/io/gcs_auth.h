@@ -2,7 +2,10 @@
 // client libraries find Application Default Credentials:
 //   1. GOOGLE_AUTH_TOKEN_FOR_TESTING: a fixed token (as TensorStore takes it);
 //   2. GOOGLE_APPLICATION_CREDENTIALS: a service account key file (a JWT signed with its RS256
-//      key, exchanged at its token_uri) or an authorized_user file (its refresh token exchanged);
+//      key, exchanged at its token_uri), an authorized_user file (its refresh token exchanged) or
+//      an external_account file (workload identity federation: a subject token read from a file
+//      or a URL, exchanged at Google's STS, then, where the file says so, for a service account's
+//      token by impersonation);
 //   3. gcloud's application_default_credentials.json in $CLOUDSDK_CONFIG or ~/.config/gcloud;
 //   4. the metadata server, on a Google Cloud machine (its DMI product name says so, unless
 //      NO_GCE_CHECK is true) or where GCE_METADATA_HOST / GCE_METADATA_ROOT name one;
@@ -15,12 +18,24 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tessel::detail {
 
+// An external_account credentials file's settings (workload identity federation).
+struct GcsExternalAccount {
+  std::string audience, subject_token_type;
+  std::string file;  // the subject token's file, or
+  std::string url;   // its URL, asked with `headers`
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string format = "text", field;  // "json": the token is the answer's `field`
+  std::string impersonation_url;       // "" without impersonation
+};
+
 class GcsAuth {
  public:
-  enum class Source { kNone, kFixedToken, kServiceAccount, kAuthorizedUser, kMetadataServer };
+  enum class Source { kNone, kFixedToken, kServiceAccount, kAuthorizedUser, kExternalAccount, kMetadataServer };
 
   // From the environment as described above. Throws ValueError for a credentials file that is
   // missing, unreadable or not one of the two kinds.
@@ -51,6 +66,8 @@ class GcsAuth {
  private:
   GcsAuth() = default;
   void fetch_token() const;  // under mu_
+  // An external account's token and its life in seconds (under mu_).
+  std::pair<std::string, int64_t> external_token() const;
 
   Source source_ = Source::kNone;
   std::string hint_;
@@ -58,6 +75,7 @@ class GcsAuth {
   std::string client_email_;  // service account
   std::string private_key_;   // service account, PEM
   std::string client_id_, client_secret_, refresh_token_;  // authorized user
+  GcsExternalAccount external_;                                     // external account
   mutable std::mutex mu_;
   mutable std::string token_;
   mutable std::chrono::steady_clock::time_point refresh_at_{};  // when the token is renewed

@@ -6,6 +6,8 @@
 #include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <ctime>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -170,6 +172,28 @@ void check_range_response(const HttpResponse& response, const std::string& where
     throw IoError(fmt::format("{}: truncated: bytes [{}, {}) asked, {} received", where, offset, last + 1,
                               response.received));
   }
+}
+
+std::optional<int64_t> parse_utc_time(std::string_view text) {
+  std::tm tm{};
+  int consumed = 0;
+  const std::string s(text.substr(0, 64));
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+                  &tm.tm_sec, &consumed) != 6 || consumed != 19)
+    return std::nullopt;
+  std::string_view rest = text.substr(19);
+  if (rest.starts_with('.')) {
+    rest.remove_prefix(1);
+    if (rest.empty() || !std::isdigit(static_cast<unsigned char>(rest.front()))) return std::nullopt;
+    while (!rest.empty() && std::isdigit(static_cast<unsigned char>(rest.front()))) rest.remove_prefix(1);
+  }
+  if (rest != "Z" && rest != "+00:00") return std::nullopt;
+  if (tm.tm_year < 1970 || tm.tm_year > 9999 || tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 ||
+      tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
+    return std::nullopt;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<int64_t>(timegm(&tm));
 }
 
 }  // namespace tessel::detail

@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,6 +58,10 @@ void check_range_response(const HttpResponse& response, const std::string& where
 // Waits before another try of a failed request: full jitter, a random time up to
 // min(5 s, 50 ms * 2^attempt).
 void back_off(int attempt);
+
+// "2026-12-03T11:00:00Z" (RFC 3339 in UTC, as token services give expiry times: fractional seconds
+// and a "+00:00" offset allowed) as seconds since the epoch; nullopt for anything else.
+std::optional<int64_t> parse_utc_time(std::string_view text);
 
 // RFC 3986 percent-encoding of everything but unreserved characters (and '/' when keep_slash),
 // as AWS's signatures and object URLs need it.
