@@ -139,7 +139,15 @@ TEST_F(GcsEnv, BadCredentialsFilesAreNamed) {
       EXPECT_THAT(e.what(), HasSubstr(message));
     }
   };
-  refused({{"type", "external_account"}}, "has type 'external_account'; service_account or authorized_user");
+  refused({{"type", "impersonated_service_account"}},
+          "has type 'impersonated_service_account'; service_account, authorized_user or external_account");
+  refused({{"type", "external_account"}, {"audience", "a"}}, "has no \"subject_token_type\"");
+  refused({{"type", "external_account"}, {"audience", "a"}, {"subject_token_type", "t"}, {"token_url", "ftp://x"},
+           {"credential_source", {{"file", "/t"}}}},
+          "token_url and service_account_impersonation_url must be http(s) URLs");
+  refused({{"type", "external_account"}, {"audience", "a"}, {"subject_token_type", "t"}, {"token_url", "https://s"},
+           {"credential_source", {{"url", "https://x"}, {"headers", {{"h", "a\r\nb"}}}}}},
+          "header 'h' is no one-line string");
   refused({{"type", "service_account"}, {"client_email", "a@b"}}, "has no \"private_key\"");
   refused({{"type", "authorized_user"}, {"client_id", "c"}, {"client_secret", "s"}}, "has no \"refresh_token\"");
   refused(nlohmann::json::array(), "is not a JSON object");
