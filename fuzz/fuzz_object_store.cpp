@@ -31,6 +31,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)tessel::detail::parse_json_credentials(body, "fuzz");
   } catch (const tessel::Error&) {
   }
+  try {
+    (void)tessel::detail::parse_process_credentials(body, "fuzz");
+  } catch (const tessel::Error&) {
+  }
   (void)tessel::detail::parse_utc_time(body);
   return 0;
 }

@@ -180,8 +180,12 @@ TEST(S3Config, AssumesAProfilesRoleWithItsSourceProfilesKeys) {
       {"lonely", "has role_arn but neither source_profile nor web_identity_token_file"},
       {"instance", "credential_source, which is not supported"},
       {"nokeys", "names source_profile 'lonely2', which has no aws_access_key_id"},
-      {"sso", "takes its credentials from sso_session, which tessel does not read"},
-      {"process", "takes its credentials from credential_process, which tessel does not read"}};
+      {"sso", "takes its credentials from sso_session, which tessel does not read"}};
+  env.set("AWS_PROFILE", "process");
+  const S3Config p = S3Config::from_environment();
+  ASSERT_TRUE(p.credentials);
+  EXPECT_EQ(p.credentials->kind(), AwsCredentialSource::Kind::kProcess);
+  EXPECT_EQ(p.credentials->where(), "the credential_process of AWS profile 'process' (/usr/bin/creds --json)");
   for (const auto& [profile, message] : refused) {
     env.set("AWS_PROFILE", profile);
     EXPECT_THAT([] { S3Config::from_environment(); }, ::testing::ThrowsMessage<ValueError>(HasSubstr(message)))
@@ -225,8 +229,43 @@ TEST(AwsCredentials, ReadsJsonAnswers) {
   EXPECT_THAT([] { parse_json_credentials(R"({"Code": "AssumeRoleUnauthorizedAccess", "Message": "no"})", "imds"); },
               ::testing::ThrowsMessage<IoError>(HasSubstr("imds: the answer's Code is 'AssumeRoleUnauthorizedAccess': no")));
   EXPECT_THAT([] { parse_json_credentials(R"({"AccessKeyId": "A", "SecretAccessKey": "s", "Expiration": "soon"})", "c"); },
-              ::testing::ThrowsMessage<IoError>(HasSubstr("the Expiration 'soon' is no UTC time")));
+              ::testing::ThrowsMessage<IoError>(HasSubstr("c: the answer's Expiration 'soon' is no UTC time")));
   EXPECT_THAT([] { parse_json_credentials("[1]", "c"); }, ::testing::ThrowsMessage<IoError>(HasSubstr("no JSON object")));
+}
+
+TEST(AwsCredentials, ReadsACredentialProcesssOutput) {
+  const ExpiringCredentials c = parse_process_credentials(
+      R"({"Version": 1, "AccessKeyId": "ASIAP", "SecretAccessKey": "s", "SessionToken": "t",
+          "Expiration": "2026-12-03T11:00:00Z"})",
+      "p");
+  EXPECT_EQ(c.credentials.access_key, "ASIAP");
+  EXPECT_EQ(c.credentials.session_token, "t");
+  EXPECT_EQ(c.expires_at, 1796295600);
+  EXPECT_FALSE(parse_process_credentials(R"({"Version": 1, "AccessKeyId": "A", "SecretAccessKey": "s"})", "p").expires_at);
+  EXPECT_THAT([] { parse_process_credentials(R"({"Version": 2, "AccessKeyId": "A", "SecretAccessKey": "s"})", "p"); },
+              ::testing::ThrowsMessage<IoError>(HasSubstr("p: its output's Version is not 1")));
+  EXPECT_THAT([] { parse_process_credentials("oops", "p"); }, ::testing::ThrowsMessage<IoError>(HasSubstr("no JSON object")));
+  EXPECT_THAT([] { parse_process_credentials(R"({"Version": 1})", "p"); },
+              ::testing::ThrowsMessage<IoError>(HasSubstr("no AccessKeyId and SecretAccessKey")));
+}
+
+TEST(AwsCredentials, RunsACredentialProcessAtEachFetch) {
+  testing::TempDir tmp;
+  const std::string script = (tmp.path() / "creds.sh").string();
+  std::ofstream(script) << "#!/bin/sh\necho run >> " << (tmp.path() / "runs").string()
+                        << "\necho '{\"Version\": 1, \"AccessKeyId\": \"ASIAPROC\", \"SecretAccessKey\": \"s\", "
+                           "\"SessionToken\": \"t\"}'\n";
+  auto source = AwsCredentialSource::process("sh " + script, "p");
+  EXPECT_EQ(source->get().access_key, "ASIAPROC");
+  EXPECT_EQ(source->get().session_token, "t");  // kept: no expiry given
+  EXPECT_EQ(testing::read_file(tmp.path() / "runs"), "run\n");
+  EXPECT_TRUE(source->renew_after_refusal("ASIAPROC"));
+  EXPECT_EQ(source->get().access_key, "ASIAPROC");
+  EXPECT_EQ(testing::read_file(tmp.path() / "runs"), "run\nrun\n");
+  auto failing = AwsCredentialSource::process("echo nothing; exit 3", "p");
+  EXPECT_THAT([&] { failing->get(); },
+              ::testing::ThrowsMessage<IoError>(HasSubstr("credential_process of AWS profile 'p' (echo nothing; exit 3): "
+                                                          "it exited with status 3")));
 }
 
 TEST(AwsCredentials, ReadsUtcTimes) {

@@ -4,6 +4,7 @@ exchanged at moto's STS, a container's credentials endpoint, the EC2 instance me
 a role assumed with another profile's keys; the last two stand-ins served by the test)."""
 import os
 import re
+import sys
 import time
 import xml.etree.ElementTree as ET
 
@@ -133,6 +134,33 @@ def test_a_profiles_role_is_assumed_with_its_source_profiles_keys(rng, tmp, stor
     auth = SigV4Auth(Credentials(source_key, "base-secret"), "sts", scope.group(2))
     want = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
     assert headers["authorization"].endswith(f"Signature={want}"), (headers["authorization"], want)
+
+
+def test_a_profiles_credential_process_gives_the_keys(rng, tmp, store, monkeypatch):
+    """A profile's credential_process (a command printing credentials as JSON, Version 1): run
+    once, its keys sign every request while they last; its failure is named."""
+    without_keys(monkeypatch, tmp)
+    key, token = f"ASIA{rng.randrange(10**12):012d}", f"token-{rng.randrange(10**9)}"
+    script = os.path.join(tmp, "creds.py")
+    with open(script, "w") as f:
+        f.write("import json, sys\n"
+                f"open({os.path.join(tmp, 'runs')!r}, 'a').write('run\\n')\n"
+                f"json.dump({{'Version': 1, 'AccessKeyId': {key!r}, 'SecretAccessKey': 'process-secret', "
+                f"'SessionToken': {token!r}, 'Expiration': '2099-01-01T00:00:00Z'}}, sys.stdout)\n")
+    with open(os.path.join(tmp, "config"), "w") as f:
+        f.write(f"[profile tool]\ncredential_process = {sys.executable} {script}\n"
+                f"[profile broken]\ncredential_process = {sys.executable} -c \"import sys; sys.exit(7)\"\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.path.join(tmp, "config"))
+    monkeypatch.setenv("AWS_PROFILE", "tool")
+    with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        url = round_trip(rng, store, "process")
+        assert set(signed_with(proxy)) == {(key, token)}
+        with open(os.path.join(tmp, "runs")) as f:
+            assert f.read() == "run\n"
+        monkeypatch.setenv("AWS_PROFILE", "broken")
+        with pytest.raises(tessel.IoError, match=r"credential_process of AWS profile 'broken' .*exited with status 7"):
+            tessel.checkpoint.restore(url)
 
 
 def test_container_credentials_are_fetched_and_renewed(rng, tmp, store, monkeypatch):

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <memory>
 #include <ctime>
 #include <fstream>
 #include <sstream>
 #include <utility>
 #include <vector>
+
+#include <sys/wait.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -103,25 +106,46 @@ ExpiringCredentials parse_sts_credentials(std::string_view xml, const std::strin
   return out;
 }
 
+namespace {
+
+std::string text_in(const nlohmann::json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// The keys, `token_field` and the expiry of a JSON answer or output (`what` names it in errors).
+ExpiringCredentials credentials_in(const nlohmann::json& j, const char* token_field, const std::string& what) {
+  ExpiringCredentials out;
+  out.credentials = {text_in(j, "AccessKeyId"), text_in(j, "SecretAccessKey"), text_in(j, token_field)};
+  if (out.credentials.access_key.empty() || out.credentials.secret_key.empty())
+    throw IoError(what + " has no AccessKeyId and SecretAccessKey");
+  if (const std::string e = text_in(j, "Expiration"); !e.empty()) {
+    out.expires_at = parse_utc_time(e);
+    if (!out.expires_at) throw IoError(fmt::format("{}'s Expiration '{}' is no UTC time", what, e.substr(0, 64)));
+  }
+  return out;
+}
+
+}  // namespace
+
 ExpiringCredentials parse_json_credentials(std::string_view json, const std::string& where) {
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw IoError(fmt::format("{}: the answer is no JSON object: {}", where, trim(json.substr(0, 200))));
-  auto text = [&](const char* name) {
-    auto it = j.find(name);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  if (const std::string code = text("Code"); !code.empty() && code != "Success")
-    throw IoError(fmt::format("{}: the answer's Code is '{}': {}", where, code.substr(0, 100), text("Message").substr(0, 200)));
-  ExpiringCredentials out;
-  out.credentials = {text("AccessKeyId"), text("SecretAccessKey"), text("Token")};
-  if (out.credentials.access_key.empty() || out.credentials.secret_key.empty())
-    throw IoError(fmt::format("{}: the answer has no AccessKeyId and SecretAccessKey", where));
-  if (const std::string e = text("Expiration"); !e.empty()) {
-    out.expires_at = parse_utc_time(e);
-    if (!out.expires_at) throw IoError(fmt::format("{}: the Expiration '{}' is no UTC time", where, e.substr(0, 64)));
-  }
-  return out;
+  if (const std::string code = text_in(j, "Code"); !code.empty() && code != "Success")
+    throw IoError(fmt::format("{}: the answer's Code is '{}': {}", where, code.substr(0, 100),
+                              text_in(j, "Message").substr(0, 200)));
+  return credentials_in(j, "Token", where + ": the answer");
+}
+
+ExpiringCredentials parse_process_credentials(std::string_view json, const std::string& where) {
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw IoError(fmt::format("{}: its output is no JSON object: {}", where, trim(json.substr(0, 200))));
+  auto version = j.find("Version");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() != 1)
+    throw IoError(fmt::format("{}: its output's Version is not 1", where));
+  return credentials_in(j, "SessionToken", where + ": its output");
 }
 
 bool on_ec2() {
@@ -189,6 +213,14 @@ std::shared_ptr<const AwsCredentialSource> AwsCredentialSource::container(std::s
   return s;
 }
 
+std::shared_ptr<const AwsCredentialSource> AwsCredentialSource::process(std::string command, std::string profile) {
+  auto s = std::shared_ptr<AwsCredentialSource>(new AwsCredentialSource());
+  s->kind_ = Kind::kProcess;
+  s->where_ = fmt::format("the credential_process of AWS profile '{}' ({})", profile, command);
+  s->url_ = std::move(command);
+  return s;
+}
+
 std::shared_ptr<const AwsCredentialSource> AwsCredentialSource::instance_metadata(std::string endpoint) {
   auto s = std::shared_ptr<AwsCredentialSource>(new AwsCredentialSource());
   s->kind_ = Kind::kInstanceMetadata;
@@ -230,6 +262,8 @@ ExpiringCredentials AwsCredentialSource::fetch() const {
       return fetch_assumed_role();
     case Kind::kContainer:
       return fetch_container();
+    case Kind::kProcess:
+      return fetch_process();
     case Kind::kInstanceMetadata:
       return fetch_instance_metadata();
     case Kind::kFixed:
@@ -291,6 +325,27 @@ ExpiringCredentials AwsCredentialSource::ask_sts(const std::string& action,
     throw IoError(fmt::format("{}: HTTP {}: {}", what, r.status, trim(std::string_view(r.body).substr(0, 300))));
   }
   return parse_sts_credentials(r.body, what);
+}
+
+ExpiringCredentials AwsCredentialSource::fetch_process() const {
+  const std::string what = "getting AWS credentials from " + where_;
+  // The SDKs run it the same way each time: its standard output read whole, its error left to the
+  // terminal, a non-zero exit an error.
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(url_.c_str(), "r"), &::pclose);
+  if (!pipe) throw IoError(what + ": cannot start it");
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) {
+    output.append(buffer, n);
+    if (output.size() > kMaxAnswer) throw IoError(fmt::format("{}: more than {} bytes of output", what, kMaxAnswer));
+  }
+  const int status = ::pclose(pipe.release());
+  if (status != 0) {
+    throw IoError(fmt::format("{}: it {}", what,
+                              WIFEXITED(status) ? fmt::format("exited with status {}", WEXITSTATUS(status))
+                                                : std::string("did not exit normally")));
+  }
+  return parse_process_credentials(output, what);
 }
 
 ExpiringCredentials AwsCredentialSource::fetch_container() const {

@@ -2,6 +2,7 @@
 // AWS SDKs' default chain tries after the environment's and the profile's keys (s3.h):
 //   0. a role a profile assumes with another profile's keys (role_arn, source_profile; STS's
 //      AssumeRole, signed with those keys);
+//   0'. a profile's credential_process (a command printing credentials as JSON);
 //   1. web identity: AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN (or the profile's
 //      web_identity_token_file and role_arn), the token exchanged at STS (AssumeRoleWithWebIdentity;
 //      EKS's service-account roles);
@@ -40,7 +41,7 @@ struct ExpiringCredentials {
 
 class AwsCredentialSource {
  public:
-  enum class Kind { kFixed, kAssumedRole, kWebIdentity, kContainer, kInstanceMetadata };
+  enum class Kind { kFixed, kAssumedRole, kWebIdentity, kProcess, kContainer, kInstanceMetadata };
 
   // Keys that never expire (the environment's or a profile's).
   static std::shared_ptr<const AwsCredentialSource> fixed(S3Credentials credentials, std::string where);
@@ -59,6 +60,9 @@ class AwsCredentialSource {
   // 169.254.170.23, fd00:ec2::23), as the SDKs refuse it.
   static std::shared_ptr<const AwsCredentialSource> container(std::string url, std::string token,
                                                               std::string token_file);
+  // A profile's credential_process: `command` run by /bin/sh at each fetch, its standard output
+  // the credentials (parse_process_credentials).
+  static std::shared_ptr<const AwsCredentialSource> process(std::string command, std::string profile);
   // `endpoint` like "http://169.254.169.254", no trailing '/'.
   static std::shared_ptr<const AwsCredentialSource> instance_metadata(std::string endpoint);
 
@@ -79,6 +83,7 @@ class AwsCredentialSource {
   ExpiringCredentials fetch() const;
   ExpiringCredentials fetch_web_identity() const;
   ExpiringCredentials fetch_assumed_role() const;
+  ExpiringCredentials fetch_process() const;
   ExpiringCredentials ask_sts(const std::string& action, std::vector<std::pair<std::string, std::string>> fields,
                               bool signed_request) const;
   ExpiringCredentials fetch_container() const;
@@ -102,6 +107,10 @@ ExpiringCredentials parse_sts_credentials(std::string_view xml, const std::strin
 // A container endpoint's or the instance metadata service's JSON answer: AccessKeyId,
 // SecretAccessKey, Token, Expiration (bytes a server sent: fuzzed). Throws IoError naming `where`.
 ExpiringCredentials parse_json_credentials(std::string_view json, const std::string& where);
+
+// A credential_process's output: {"Version": 1, "AccessKeyId", "SecretAccessKey", "SessionToken",
+// "Expiration"} (the last two optional). Throws IoError naming `where`.
+ExpiringCredentials parse_process_credentials(std::string_view json, const std::string& where);
 
 // Whether this machine is an EC2 instance, by its DMI (no request made).
 bool on_ec2();

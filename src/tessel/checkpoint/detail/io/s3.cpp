@@ -290,7 +290,8 @@ S3Config S3Config::from_environment() {
     }
   }
   // The SDKs' order: the environment's keys, a role the profile assumes (with another profile's
-  // keys or a web identity), the profile's keys, the container's or the instance's role.
+  // keys or a web identity), the profile's keys or credential_process, the container's or the
+  // instance's role.
   if (std::string key = env("AWS_ACCESS_KEY_ID"); !key.empty()) {
     if (env("AWS_SECRET_ACCESS_KEY").empty()) throw ValueError("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
     c.credentials = AwsCredentialSource::fixed({key, env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")},
@@ -298,9 +299,11 @@ S3Config S3Config::from_environment() {
   }
   if (!c.credentials) c.credentials = assumed_role(profile, credentials_file, config_file, c.region);
   if (!c.credentials) c.credentials = profile_keys(profile);
+  if (!c.credentials && !profile("credential_process").empty())
+    c.credentials = AwsCredentialSource::process(profile("credential_process"), profile_name);
   if (!c.credentials) {
-    // The SDKs would ask these before a machine's role: going past them would sign as another identity.
-    for (const char* key : {"sso_session", "sso_start_url", "credential_process"}) {
+    // The SDKs would ask SSO before a machine's role: going past it would sign as another identity.
+    for (const char* key : {"sso_session", "sso_start_url"}) {
       if (!profile(key).empty())
         throw ValueError(fmt::format("AWS profile '{}' takes its credentials from {}, which tessel does not read: set "
                                      "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN (`aws configure "
