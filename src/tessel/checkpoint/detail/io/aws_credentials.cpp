@@ -44,24 +44,11 @@ std::string trim(std::string_view s) {
 // The request, tried again on a dropped connection, a 5xx or a 429; a 2xx answer, unless
 // `any_status`. `what` names it in errors.
 HttpResponse send_with_retries(const HttpRequest& request, const std::string& what, bool any_status = false) {
-  for (int attempt = 1;; ++attempt) {
-    HttpResponse r;
-    try {
-      r = http_send(request);
-    } catch (const HttpTransportError& e) {
-      if (attempt >= kAttempts) throw IoError(fmt::format("{}: {}", what, e.what()));
-      back_off(attempt);
-      continue;
-    }
-    if ((r.status >= 500 || r.status == 429) && attempt < kAttempts) {
-      back_off(attempt);
-      continue;
-    }
-    if (!any_status && (r.status < 200 || r.status >= 300))
-      throw IoError(fmt::format("{}: HTTP {}: {}", what, r.status, trim(r.body.substr(0, 300))));
-    if (r.body.size() > kMaxAnswer) throw IoError(fmt::format("{}: an answer of {} bytes", what, r.body.size()));
-    return r;
-  }
+  HttpResponse r = http_send_retried(request, kAttempts, what);
+  if (!any_status && (r.status < 200 || r.status >= 300))
+    throw IoError(fmt::format("{}: HTTP {}: {}", what, r.status, trim(r.body.substr(0, 300))));
+  if (r.body.size() > kMaxAnswer) throw IoError(fmt::format("{}: an answer of {} bytes", what, r.body.size()));
+  return r;
 }
 
 // The host of an http(s) URL, without port or brackets.
@@ -303,11 +290,7 @@ ExpiringCredentials AwsCredentialSource::ask_sts(const std::string& action,
   HttpRequest request{"POST", url_ + "/", {{"content-type", "application/x-www-form-urlencoded"}}, bytes};
   if (signed_request) {
     const std::string host = url_.substr(url_.find("://") + 3);
-    char date[17];
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&now, &tm);
-    std::strftime(date, sizeof date, "%Y%m%dT%H%M%SZ", &tm);
+    const std::string date = amz_date_now();
     SignedRequest signed_parts{"POST", "/", "", {{"content-type", "application/x-www-form-urlencoded"}, {"host", host},
                                                   {"x-amz-date", date}}, sha256_hex(bytes)};
     if (!source_.session_token.empty()) signed_parts.headers["x-amz-security-token"] = source_.session_token;

@@ -134,18 +134,7 @@ GcsExternalAccount external_settings(const nlohmann::json& j, const std::string&
 // The JSON answer of a token service to `request`, tried again on a dropped connection, a 5xx or a
 // 429; `what` names it in errors.
 nlohmann::json token_answer(const HttpRequest& request, const std::string& what) {
-  HttpResponse response;
-  for (int attempt = 1;; ++attempt) {
-    try {
-      response = http_send(request);
-    } catch (const HttpTransportError& e) {
-      if (attempt >= kTokenAttempts) throw IoError(fmt::format("{}: {}", what, e.what()));
-      back_off(attempt);
-      continue;
-    }
-    if ((response.status < 500 && response.status != 429) || attempt >= kTokenAttempts) break;
-    back_off(attempt);
-  }
+  const HttpResponse response = http_send_retried(request, kTokenAttempts, what);
   if (response.status != 200)
     throw IoError(fmt::format("{}: HTTP {}: {}", what, response.status, response.body.substr(0, 300)));
   nlohmann::json j = nlohmann::json::parse(response.body, nullptr, false);

@@ -174,6 +174,18 @@ void check_range_response(const HttpResponse& response, const std::string& where
   }
 }
 
+HttpResponse http_send_retried(const HttpRequest& request, int attempts, const std::string& what) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      HttpResponse r = http_send(request);
+      if ((r.status < 500 && r.status != 429) || attempt >= attempts) return r;
+    } catch (const HttpTransportError& e) {
+      if (attempt >= attempts) throw IoError(fmt::format("{}: {}", what, e.what()));
+    }
+    back_off(attempt);
+  }
+}
+
 std::optional<int64_t> parse_utc_time(std::string_view text) {
   std::tm tm{};
   int consumed = 0;

@@ -49,6 +49,11 @@ class HttpTransportError : public IoError {
 // body always into `body` (an error document). Throws HttpTransportError when no response came.
 HttpResponse http_send(const HttpRequest& request, std::span<std::byte> into = {});
 
+// Sends `request` up to `attempts` times: again after a dropped connection, a 5xx or a 429 (with
+// back_off between). The last answer, whatever its status; HttpTransportError's message, prefixed
+// with `what`, as an IoError when no answer came.
+HttpResponse http_send_retried(const HttpRequest& request, int attempts, const std::string& what);
+
 // Whether `response` to a GET of `size` bytes at `offset` (with a Range header, into the caller's
 // bytes) delivered exactly them: throws IoError naming `where` for a truncated object (416 or
 // fewer bytes), a server that ignored the range at a nonzero offset, or one that sent more. Any

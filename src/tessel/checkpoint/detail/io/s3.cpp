@@ -81,15 +81,6 @@ std::string hmac(const std::string& key, const std::string& data) {
 
 std::string sha256_of(std::string_view s) { return sha256_hex(std::as_bytes(std::span(s.data(), s.size()))); }
 
-std::string amz_date_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
-  return buf;
-}
-
 // S3's answer to temporary credentials past their life (or revoked before it). An answer to HEAD
 // has no body to say so: its 400 or 403 may be that too.
 bool expired_credentials(const std::string& method, long status, const std::string& body) {
@@ -333,6 +324,15 @@ S3Config S3Config::from_environment() {
   }
   if (std::string n = env("TESSEL_S3_MAX_ATTEMPTS"); !n.empty()) c.max_attempts = std::max(1, std::atoi(n.c_str()));
   return c;
+}
+
+std::string amz_date_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
 }
 
 std::string sha256_hex(std::span<const std::byte> bytes) {

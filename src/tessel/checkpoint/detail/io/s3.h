@@ -52,6 +52,9 @@ struct SignedRequest {
 std::string sigv4_authorization(const SignedRequest& request, const S3Credentials& credentials,
                                  const std::string& region, const std::string& service, const std::string& amz_date);
 
+// Now as SigV4 dates it: YYYYMMDD'T'HHMMSS'Z' in UTC.
+std::string amz_date_now();
+
 // Hex SHA-256, hex MD5 and base64 MD5 (Content-MD5) of bytes.
 std::string sha256_hex(std::span<const std::byte> bytes);
 std::string md5_hex(std::span<const std::byte> bytes);
