@@ -140,14 +140,20 @@ BENCHMARK(BM_AllGather)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisec
 // Reductions: every device holds a 128 MiB contribution of its own (1 GiB over the 8 devices).
 constexpr int64_t kRows = kSide / kDevices;
 
+// Arg 0: split on dimension 0 (each device's block is contiguous in the inputs). Arg 1: the same
+// bytes split on the last dimension of a narrow array, each device's block a strip of 32-float
+// rows (the FSDP weight gradients of an LM whose embed, 256, is the split dimension).
 void BM_ReduceScatter(benchmark::State& state) {
   {
-    Array x = per_device(Shape{kRows, kSide});
+    const bool strips = state.range(0) == 1;
+    constexpr int64_t kWidth = 256;
+    Array x = per_device(strips ? Shape{kRows * kSide / kWidth, kWidth} : Shape{kRows, kSide});
+    const size_t dim = strips ? 1 : 0;
     const int64_t in = kRows * kSide * 4;
-    { Array warm = reduce_scatter(x, {"fsdp"}, 0); }
+    { Array warm = reduce_scatter(x, {"fsdp"}, dim); }
     int64_t before = bytes_received();
     for (auto _ : state) {
-      Array y = reduce_scatter(x, {"fsdp"}, 0);
+      Array y = reduce_scatter(x, {"fsdp"}, dim);
       benchmark::DoNotOptimize(y);
     }
     // Bytes processed: every input byte is read once (the output is 1/8 of that again).
@@ -155,7 +161,7 @@ void BM_ReduceScatter(benchmark::State& state) {
   }
   runtime().release_cached_memory();
 }
-BENCHMARK(BM_ReduceScatter)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ReduceScatter)->Arg(0)->Arg(1)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_AllReduce(benchmark::State& state) {
   {

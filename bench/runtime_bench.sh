@@ -29,7 +29,8 @@ for name, label in [("BM_ReshardRowsToColumns", "reshard rows -> columns"),
                     ("BM_ReshardReplicatedToSharded", "reshard replicated -> sharded"),
                     ("BM_ReshardShardedToReplicated", "reshard sharded -> replicated"),
                     ("BM_AllGather", "all_gather over fsdp=8"),
-                    ("BM_ReduceScatter", "reduce_scatter over fsdp=8 (sum)"),
+                    ("BM_ReduceScatter/0", "reduce_scatter over fsdp=8 (sum)"),
+                    ("BM_ReduceScatter/1", "the same, strips of 32-float rows"),
                     ("BM_AllReduce", "all_reduce over fsdp=8 (sum)")]:
     b = runs[name]
     crossed, lb = b["crossed_per_op"], b["lower_bound"]

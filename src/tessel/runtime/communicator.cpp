@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -57,6 +58,79 @@ void run_tasks(WorkerPool& pool, std::span<const Task> tasks, size_t item, const
     run(tasks[p.task], p.region);
     detail::stream_fence();  // the pool's hand-back orders normal stores only
   });
+}
+
+// Tasks that read the same inputs and write one output each, their regions the inputs' box cut
+// along one dimension: a reduce-scatter's group. Cut on an inner dimension (FSDP weight gradients
+// split on a small embed: rows of 32 floats), each task's sum ran over short, strided pieces of
+// all the inputs; taken together, the strips' runs follow one another in the inputs, are summed
+// as long runs into a scratch slice in L1 and copied from there to their outputs. Each element's
+// sum is the same either way: the inputs added in order.
+struct Strips {
+  const ReduceTask* first;  // every task reads its inputs
+  size_t dim;
+  int64_t outer;  // rows: the inputs' box's extents before `dim` multiplied
+  int64_t inner;  // elements per step along `dim`
+  std::vector<const ReduceTask*> tasks;  // by their start along `dim`
+};
+
+// The dimension along which `region` cuts `box` (equal in every other), or -1.
+int cut_dimension(const Box& region, const Box& box) {
+  int dim = -1;
+  for (size_t d = 0; d < box.rank(); ++d) {
+    if (region.start(d) == box.start(d) && region.stop(d) == box.stop(d)) continue;
+    if (dim >= 0) return -1;
+    dim = static_cast<int>(d);
+  }
+  return dim;
+}
+
+// `members` as strips, or nullopt: each cuts the inputs' box along the same dimension, its output
+// holds it as the inputs do past that dimension (so a run is contiguous on both sides), and its
+// runs are short (below `slice` / 2 elements on average; longer ones are summed in place).
+std::optional<Strips> as_strips(std::span<const ReduceTask> tasks, const std::vector<size_t>& members, int64_t slice) {
+  const Box& in = tasks[members.front()].in_box;
+  const int dim = cut_dimension(tasks[members.front()].region, in);
+  if (dim < 0 || in.rank() == 0) return std::nullopt;
+  const auto d = static_cast<size_t>(dim);
+  Strips s{&tasks[members.front()], d, 1, 1, {}};
+  for (size_t e = 0; e < d; ++e) s.outer *= in.extent(e);
+  for (size_t e = d + 1; e < in.rank(); ++e) s.inner *= in.extent(e);
+  int64_t volume = 0;
+  for (size_t m : members) {
+    const ReduceTask& t = tasks[m];
+    if (t.region.empty() || cut_dimension(t.region, in) != dim) return std::nullopt;
+    for (size_t e = d + 1; e < in.rank(); ++e)
+      if (t.out_box.extent(e) != in.extent(e)) return std::nullopt;
+    volume += t.region.volume();
+    s.tasks.push_back(&t);
+  }
+  if (volume >= slice / 2 * s.outer * static_cast<int64_t>(members.size())) return std::nullopt;
+  std::sort(s.tasks.begin(), s.tasks.end(),
+            [d](const ReduceTask* a, const ReduceTask* b) { return a->region.start(d) < b->region.start(d); });
+  return s;
+}
+
+// Takes the groups of tasks that are strips (see Strips) out of `tasks` into `strips`; the other
+// tasks go to `rest`.
+void take_strips(std::span<const ReduceTask> tasks, int64_t slice, std::vector<Strips>& strips,
+                 std::vector<ReduceTask>& rest) {
+  std::vector<bool> taken(tasks.size(), false);
+  auto single = [&](size_t i) { return !taken[i] && tasks[i].outputs.size() == 1; };
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (!single(i)) continue;
+    std::vector<size_t> members{i};
+    for (size_t j = i + 1; j < tasks.size(); ++j)
+      if (single(j) && tasks[j].in_box == tasks[i].in_box && tasks[j].inputs == tasks[i].inputs) members.push_back(j);
+    if (members.size() < 2) continue;
+    std::optional<Strips> s = as_strips(tasks, members, slice);
+    if (!s) continue;
+    for (size_t m : members) taken[m] = true;
+    strips.push_back(std::move(*s));
+  }
+  if (strips.empty()) return;
+  for (size_t i = 0; i < tasks.size(); ++i)
+    if (!taken[i]) rest.push_back(tasks[i]);
 }
 
 }  // namespace
@@ -166,7 +240,92 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
       }
     });
   };
-  run_tasks(pool_, tasks, item, run);
+  std::vector<Strips> strips;
+  std::vector<ReduceTask> rest;
+  if (tasks.size() > 1) take_strips(tasks, kSlice, strips, rest);
+  if (strips.empty()) return run_tasks(pool_, tasks, item, run);
+  run_tasks(pool_, std::span<const ReduceTask>(rest), item, run);
+
+  // Pieces of whole rows, about kPieceBytes each.
+  struct RowPiece {
+    const Strips* strips;
+    int64_t begin, end;  // rows
+  };
+  std::vector<RowPiece> pieces;
+  int64_t total = 0;
+  for (const Strips& s : strips) {
+    int64_t per_row = 0;
+    for (const ReduceTask* t : s.tasks) per_row += t->region.extent(s.dim) * s.inner;
+    total += per_row * s.outer;
+    const int64_t rows = std::max<int64_t>(1, kPieceBytes / isize / std::max<int64_t>(per_row, 1));
+    for (int64_t o = 0; o < s.outer; o += rows) pieces.push_back({&s, o, std::min(s.outer, o + rows)});
+  }
+  auto run_piece = [&](const RowPiece& p) {
+    const Strips& s = *p.strips;
+    const ReduceTask& first = *s.first;
+    const Box& in_box = first.in_box;
+    const int64_t row = in_box.extent(s.dim) * s.inner;
+    std::vector<const std::byte*> in(first.inputs.size());
+    std::vector<std::byte> scratch(static_cast<size_t>(kSlice * isize));
+    struct Pending {
+      int64_t at, count;
+      std::byte* out;
+    };
+    std::vector<Pending> pending;
+    int64_t batch_at = 0, batch_count = 0;
+    auto flush = [&] {
+      if (batch_count == 0) return;
+      for (size_t k = 0; k < in.size(); ++k) in[k] = first.inputs[k].second + batch_at * isize;
+      detail::reduce_run(dtype, op, in.data(), in.size(), scratch.data(), batch_count);
+      for (const Pending& r : pending) {
+        const std::byte* from = scratch.data() + (r.at - batch_at) * isize;
+        const auto bytes = static_cast<size_t>(r.count * isize);
+        if (stream)
+          detail::stream_copy(r.out, from, bytes);
+        else
+          std::memcpy(r.out, from, bytes);
+      }
+      pending.clear();
+      batch_count = 0;
+    };
+    // Runs join the batch while they follow it in the inputs and it stays within one slice.
+    auto emit = [&](int64_t at, int64_t count, std::byte* out) {
+      for (int64_t base = 0; base < count; base += kSlice) {
+        const int64_t n = std::min(kSlice, count - base);
+        if (batch_count > 0 && (at + base != batch_at + batch_count || batch_count + n > kSlice)) flush();
+        if (batch_count == 0) batch_at = at + base;
+        pending.push_back({at + base, n, out + base * isize});
+        batch_count += n;
+      }
+    };
+    // Row p.begin's coordinates before `dim`, then advanced like an odometer.
+    std::vector<int64_t> point(in_box.starts().begin(), in_box.starts().end());
+    for (size_t e = s.dim, left = static_cast<size_t>(p.begin); e-- > 0;) {
+      point[e] = in_box.start(e) + static_cast<int64_t>(left % static_cast<size_t>(in_box.extent(e)));
+      left /= static_cast<size_t>(in_box.extent(e));
+    }
+    for (int64_t o = p.begin; o < p.end; ++o) {
+      for (const ReduceTask* t : s.tasks) {
+        point[s.dim] = t->region.start(s.dim);
+        const int64_t at = o * row + (t->region.start(s.dim) - in_box.start(s.dim)) * s.inner;
+        std::byte* out = t->outputs.front().second + t->out_box.offset_of(point) * isize;
+        emit(at, t->region.extent(s.dim) * s.inner, out);
+      }
+      for (size_t e = s.dim; e-- > 0;) {
+        if (++point[e] < in_box.stop(e)) break;
+        point[e] = in_box.start(e);
+      }
+    }
+    flush();
+  };
+  if (total * isize < kInlineBytes) {
+    for (const RowPiece& p : pieces) run_piece(p);
+    return;
+  }
+  pool_.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    run_piece(pieces[static_cast<size_t>(i)]);
+    detail::stream_fence();
+  });
 }
 
 }  // namespace tessel
