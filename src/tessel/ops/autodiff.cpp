@@ -1,12 +1,14 @@
 #include "tessel/ops/autodiff.h"
 
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/node.h"
+#include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/ops.h"
 
 namespace tessel::ops {
@@ -38,6 +40,7 @@ Tensor filled(const Tensor& like, const Shape& shape, const NamedSharding& shard
 
 struct Piece {
   Shape shape;  // of the indexed tensor
+  NamedSharding sharding;  // of the indexed tensor
   size_t dim;
   int64_t index;
   Tensor grad;
@@ -54,8 +57,18 @@ Tensor place(const Pieces& list) {
     together = together && p.dim == first.dim && p.grad.dtype() == first.grad.dtype() &&
                p.grad.sharding() == first.grad.sharding() && p.grad.partial() == first.grad.partial();
   if (together) {
+    // Partial sums (a layer's weight gradient on each device of data parallelism) are reduced
+    // piece by piece, into the indexed tensor's split less `dim`, before they are placed: placed
+    // first, every device's own partial block was copied into the stacked gradient (8 copies of
+    // each layer's on data=8) and then reduced. Each element's sum is the same either way.
+    std::optional<NamedSharding> target;
+    if (first.grad.is_partial() && first.sharding.mesh() == first.grad.mesh()) {
+      detail::Dims d = detail::dims_of(first.sharding, first.shape.rank());
+      d.erase(d.begin() + static_cast<std::ptrdiff_t>(first.dim));
+      target = detail::with_dims(first.sharding.mesh(), d);
+    }
     std::vector<std::pair<int64_t, Tensor>> at;
-    for (const Piece& p : list) at.emplace_back(p.index, p.grad);
+    for (const Piece& p : list) at.emplace_back(p.index, target ? detail::reduce_raw(p.grad, &*target) : p.grad);
     return index_put_all(first.shape, first.dim, at);
   }
   Tensor sum;
@@ -116,7 +129,7 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt) {
     if (g == grads.end() || node->leaf || !node->backward) continue;
     if (node->slice) {
       const Tensor& x = node->inputs.front();
-      if (x.node()) pieces[x.node().get()].push_back({x.shape(), node->slice->dim, node->slice->index, g->second});
+      if (x.node()) pieces[x.node().get()].push_back({x.shape(), x.sharding(), node->slice->dim, node->slice->index, g->second});
       continue;
     }
     const std::vector<Tensor> inputs_grads = node->backward(g->second);
