@@ -155,7 +155,9 @@ def test_a_restore_lists_each_parameter_once_not_each_chunk(rng, tmp, store, mon
         # Every chunk read, none more than once: the reads did not move elsewhere.
         read = [(store.object_name(p) or "").removeprefix(f"/{store.bucket}/") for m, p in requests if m == "GET"]
         assert all(read.count(c) == 1 for c in chunks), read
-    # A chunk that is not there fails as it does on a disk, naming it.
+    # A chunk that is not there fails as it does on a disk, naming it (the store asked directly:
+    # the proxy is gone).
+    store.point_at(monkeypatch, store.endpoint)
     gone = sorted(chunks)[rng.randrange(len(chunks))]
     store.remove(gone)
     os.remove(os.path.join(local, gone[len(prefix) + 1:]))
@@ -163,6 +165,29 @@ def test_a_restore_lists_each_parameter_once_not_each_chunk(rng, tmp, store, mon
     for where in (url, local):
         with pytest.raises(tessel.Error, match=rf"'{param}' chunk {re.escape(chunk)} \({re.escape(where)}/{param}/{re.escape(chunk)}\) is missing"):
             tessel.checkpoint.restore(where)
+
+
+def test_an_item_in_a_bucket_opens_its_arrays_together(rng, tmp, store, monkeypatch):
+    """Plain files in a far bucket: opening an item asks for its arrays' listings and zarr metadata
+    several at a time, not one round trip after another (an item of thousands of arrays opened in
+    minutes), each array's still once."""
+    names = [f"p{i}" for i in range(rng.randrange(24, 40))]
+    values = {k: random_array(rng, (rng.randrange(1, 5), rng.randrange(2, 7)), "float32") for k in names}
+    local = os.path.join(tmp, "item")
+    tessel.checkpoint.save(local, values, use_ocdbt=False)
+    prefix = f"opened-{rng.randrange(10**9)}"
+    upload_tree(store, local, prefix)
+    url = store.url(prefix)
+    with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
+        store.point_at(monkeypatch, proxy.endpoint)
+        proxy.delay = 0.05  # a round trip to a bucket in another region
+        got = tessel.checkpoint.restore(url)
+        for k, want in values.items():
+            assert_bit_identical(got[k].to_numpy(), want, k)
+    read = [((store.object_name(p) or "").removeprefix(f"/{store.bucket}/"), n) for m, p, n in proxy.arrivals if m == "GET"]
+    zarrays = [(o, n) for o, n in read if o.endswith("/.zarray")]
+    assert sorted(o for o, _ in zarrays) == sorted(f"{prefix}/{k}/.zarray" for k in names), zarrays
+    assert max(n for _, n in zarrays) > 1, "the arrays' metadata were asked for one after another"
 
 
 def test_faults_are_retried_and_failures_are_clear(rng, tmp, store, monkeypatch):

@@ -238,7 +238,8 @@ class FaultProxy(LocalServer):
     it did in `forwarded` and `faults`; keeps the Authorization headers it saw. `corrupt(method, path)`, when set and true, flips a byte
     of a successful answer's body on its way (damage in transit). `max_in_a_row`, when given, caps the
     faults one request (method and path) meets in a row below the clients' attempts: a test then
-    does not fail on a rare run of faults (8 in a row at a rate of 0.3: about 1 request in 15,000)."""
+    does not fail on a rare run of faults (8 in a row at a rate of 0.3: about 1 request in 15,000).
+    `delay` holds each forwarded request that long; `arrivals` says how many were in flight."""
 
     FAULTS = ("503", "500", "429", "drop")
 
@@ -261,6 +262,9 @@ class FaultProxy(LocalServer):
         self.faults = {f: 0 for f in self.FAULTS}
         self.corrupt = None
         self.corrupted = 0
+        self.delay = 0.0  # seconds each forwarded request waits first: a far bucket's round trip
+        self.in_flight = 0
+        self.arrivals = []  # (method, path, requests in flight with it) of each forwarded request
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -320,11 +324,19 @@ class FaultProxy(LocalServer):
                     if self.command != "HEAD":  # an answer to HEAD has no body
                         self.wfile.write(doc)
                     return
-                conn = http.client.HTTPConnection(proxy.upstream, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
-                conn.request(self.command, self.path, body=body or None, headers=headers)
-                r = conn.getresponse()
-                data = r.read()
+                with proxy.lock:
+                    proxy.in_flight += 1
+                    proxy.arrivals.append((self.command, self.path, proxy.in_flight))
+                try:
+                    time.sleep(proxy.delay)
+                    conn = http.client.HTTPConnection(proxy.upstream, timeout=60)
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
+                    conn.request(self.command, self.path, body=body or None, headers=headers)
+                    r = conn.getresponse()
+                    data = r.read()
+                finally:
+                    with proxy.lock:
+                        proxy.in_flight -= 1
                 with proxy.lock:
                     proxy.answers.append((self.command, self.path, r.status, data[:65536]))
                 if data and 200 <= r.status < 300 and proxy.corrupt and proxy.corrupt(self.command, self.path):

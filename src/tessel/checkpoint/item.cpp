@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tessel/checkpoint/detail/io/file_io.h"
+#include "tessel/checkpoint/detail/io/parallel.h"
 #include "tessel/checkpoint/detail/io/storage.h"
 #include "tessel/checkpoint/detail/store/chunks.h"
 #include "tessel/checkpoint/detail/store/kvstore.h"
@@ -162,14 +163,19 @@ CheckpointItem CheckpointItem::open(const Location& item_dir) {
   const bool has_aggregate = impl->meta.format != StorageFormat::kSafetensors && detail::is_file(dir / "checkpoint");
   impl->arrays.resize(params.size());
   impl->errors.resize(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (is_empty_node(params[i].value_type) && params[i].skip_deserialize) continue;
+  auto open_one = [&](int64_t n) {
+    const auto i = static_cast<size_t>(n);
+    if (is_empty_node(params[i].value_type) && params[i].skip_deserialize) return;
     try {
       impl->arrays[i] = open_zarr(impl->store, dir, impl->meta, params[i], has_aggregate);
     } catch (const Error&) {
       impl->errors[i] = std::current_exception();
     }
-  }
+  };
+  // In a bucket each array's metadata (and, for plain files, its listing) is a round trip or two:
+  // asked one after another, an item of thousands of arrays in a far bucket opened in minutes.
+  const bool remote = !dir.is_local() && impl->meta.format != StorageFormat::kSafetensors && !impl->store.is_ocdbt();
+  detail::run_parallel(static_cast<int64_t>(params.size()), remote ? detail::default_threads(0, 16) : 1, open_one);
   CheckpointItem item;
   item.impl_ = std::move(impl);
   return item;
