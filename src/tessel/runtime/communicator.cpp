@@ -320,12 +320,14 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
   };
   if (total * isize < kInlineBytes) {
     for (const RowPiece& p : pieces) run_piece(p);
-    return;
+  } else {
+    pool_.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+      run_piece(pieces[static_cast<size_t>(i)]);
+      detail::stream_fence();
+    });
   }
-  pool_.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
-    run_piece(pieces[static_cast<size_t>(i)]);
-    detail::stream_fence();
-  });
+  // Small parts run inline may still stream: the call as a whole decided it.
+  detail::stream_fence();
 }
 
 }  // namespace tessel
