@@ -33,6 +33,17 @@ struct Piece {
 // so a normal store's read of each line first only adds traffic.
 constexpr int64_t kStreamBytes = int64_t{32} << 20;
 
+// A result's bytes into their target: with streaming stores in calls that write past the caches.
+void put(bool stream, std::byte* dst, const std::byte* src, size_t bytes) {
+  if (stream)
+    detail::stream_copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
+}
+
+// Results are summed in slices small enough to stay in L1 until copied to their outputs.
+constexpr int64_t kSlice = 4096;
+
 template <class Task>
 int64_t total_bytes(std::span<const Task> tasks, size_t item) {
   int64_t total = 0;
@@ -87,8 +98,8 @@ int cut_dimension(const Box& region, const Box& box) {
 
 // `members` as strips, or nullopt: each cuts the inputs' box along the same dimension, its output
 // holds it as the inputs do past that dimension (so a run is contiguous on both sides), and its
-// runs are short (below `slice` / 2 elements on average; longer ones are summed in place).
-std::optional<Strips> as_strips(std::span<const ReduceTask> tasks, const std::vector<size_t>& members, int64_t slice) {
+// runs are short (below kSlice / 2 elements on average; longer ones are summed in place).
+std::optional<Strips> as_strips(std::span<const ReduceTask> tasks, const std::vector<size_t>& members) {
   const Box& in = tasks[members.front()].in_box;
   const int dim = cut_dimension(tasks[members.front()].region, in);
   if (dim < 0 || in.rank() == 0) return std::nullopt;
@@ -105,7 +116,7 @@ std::optional<Strips> as_strips(std::span<const ReduceTask> tasks, const std::ve
     volume += t.region.volume();
     s.tasks.push_back(&t);
   }
-  if (volume >= slice / 2 * s.outer * static_cast<int64_t>(members.size())) return std::nullopt;
+  if (volume >= kSlice / 2 * s.outer * static_cast<int64_t>(members.size())) return std::nullopt;
   std::sort(s.tasks.begin(), s.tasks.end(),
             [d](const ReduceTask* a, const ReduceTask* b) { return a->region.start(d) < b->region.start(d); });
   return s;
@@ -113,7 +124,7 @@ std::optional<Strips> as_strips(std::span<const ReduceTask> tasks, const std::ve
 
 // Takes the groups of tasks that are strips (see Strips) out of `tasks` into `strips`; the other
 // tasks go to `rest`.
-void take_strips(std::span<const ReduceTask> tasks, int64_t slice, std::vector<Strips>& strips,
+void take_strips(std::span<const ReduceTask> tasks, std::vector<Strips>& strips,
                  std::vector<ReduceTask>& rest) {
   std::vector<bool> taken(tasks.size(), false);
   auto single = [&](size_t i) { return !taken[i] && tasks[i].outputs.size() == 1; };
@@ -123,7 +134,7 @@ void take_strips(std::span<const ReduceTask> tasks, int64_t slice, std::vector<S
     for (size_t j = i + 1; j < tasks.size(); ++j)
       if (single(j) && tasks[j].in_box == tasks[i].in_box && tasks[j].inputs == tasks[i].inputs) members.push_back(j);
     if (members.size() < 2) continue;
-    std::optional<Strips> s = as_strips(tasks, members, slice);
+    std::optional<Strips> s = as_strips(tasks, members);
     if (!s) continue;
     for (size_t m : members) taken[m] = true;
     strips.push_back(std::move(*s));
@@ -131,6 +142,87 @@ void take_strips(std::span<const ReduceTask> tasks, int64_t slice, std::vector<S
   if (strips.empty()) return;
   for (size_t i = 0; i < tasks.size(); ++i)
     if (!taken[i]) rest.push_back(tasks[i]);
+}
+
+// Sums each group of strips (see Strips) in pieces of whole rows of its inputs, about kPieceBytes
+// each, spread over the pool; `stream` as the whole call decided.
+void sum_strips(WorkerPool& pool, const std::vector<Strips>& strips, DType dtype, Reduction op, int64_t isize,
+                bool stream) {
+  struct RowPiece {
+    const Strips* strips;
+    int64_t begin, end;  // rows
+  };
+  std::vector<RowPiece> pieces;
+  int64_t total = 0;
+  for (const Strips& s : strips) {
+    int64_t per_row = 0;
+    for (const ReduceTask* t : s.tasks) per_row += t->region.extent(s.dim) * s.inner;
+    total += per_row * s.outer;
+    const int64_t rows = std::max<int64_t>(1, kPieceBytes / isize / std::max<int64_t>(per_row, 1));
+    for (int64_t o = 0; o < s.outer; o += rows) pieces.push_back({&s, o, std::min(s.outer, o + rows)});
+  }
+  auto run_piece = [&](const RowPiece& p) {
+    const Strips& s = *p.strips;
+    const ReduceTask& first = *s.first;
+    const Box& in_box = first.in_box;
+    const int64_t row = in_box.extent(s.dim) * s.inner;
+    std::vector<const std::byte*> in(first.inputs.size());
+    std::vector<std::byte> scratch(static_cast<size_t>(kSlice * isize));
+    struct Pending {
+      int64_t at, count;
+      std::byte* out;
+    };
+    std::vector<Pending> pending;
+    int64_t batch_at = 0, batch_count = 0;
+    auto flush = [&] {
+      if (batch_count == 0) return;
+      for (size_t k = 0; k < in.size(); ++k) in[k] = first.inputs[k].second + batch_at * isize;
+      detail::reduce_run(dtype, op, in.data(), in.size(), scratch.data(), batch_count);
+      for (const Pending& r : pending)
+        put(stream, r.out, scratch.data() + (r.at - batch_at) * isize, static_cast<size_t>(r.count * isize));
+      pending.clear();
+      batch_count = 0;
+    };
+    // Runs join the batch while they follow it in the inputs and it stays within one slice.
+    auto emit = [&](int64_t at, int64_t count, std::byte* out) {
+      for (int64_t base = 0; base < count; base += kSlice) {
+        const int64_t n = std::min(kSlice, count - base);
+        if (batch_count > 0 && (at + base != batch_at + batch_count || batch_count + n > kSlice)) flush();
+        if (batch_count == 0) batch_at = at + base;
+        pending.push_back({at + base, n, out + base * isize});
+        batch_count += n;
+      }
+    };
+    // Row p.begin's coordinates before `dim`, then advanced like an odometer.
+    std::vector<int64_t> point(in_box.starts().begin(), in_box.starts().end());
+    for (size_t e = s.dim, left = static_cast<size_t>(p.begin); e-- > 0;) {
+      point[e] = in_box.start(e) + static_cast<int64_t>(left % static_cast<size_t>(in_box.extent(e)));
+      left /= static_cast<size_t>(in_box.extent(e));
+    }
+    for (int64_t o = p.begin; o < p.end; ++o) {
+      for (const ReduceTask* t : s.tasks) {
+        point[s.dim] = t->region.start(s.dim);
+        const int64_t at = o * row + (t->region.start(s.dim) - in_box.start(s.dim)) * s.inner;
+        std::byte* out = t->outputs.front().second + t->out_box.offset_of(point) * isize;
+        emit(at, t->region.extent(s.dim) * s.inner, out);
+      }
+      for (size_t e = s.dim; e-- > 0;) {
+        if (++point[e] < in_box.stop(e)) break;
+        point[e] = in_box.start(e);
+      }
+    }
+    flush();
+  };
+  if (total * isize < kInlineBytes) {
+    for (const RowPiece& p : pieces) run_piece(p);
+  } else {
+    pool.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+      run_piece(pieces[static_cast<size_t>(i)]);
+      detail::stream_fence();
+    });
+  }
+  // Small parts run inline may still stream: the call as a whole decided it.
+  detail::stream_fence();
 }
 
 }  // namespace
@@ -170,12 +262,7 @@ void InProcessCommunicator::copy(std::span<const CopyTask> tasks, DType dtype) {
   const bool stream = total_bytes(tasks, item) > kStreamBytes;
   auto run = [&](const CopyTask& t, const Box& region) {
     for_each_run(region, t.src_box, t.dst_box, [&](int64_t s, int64_t d, int64_t n) {
-      std::byte* dst = t.dst + d * isize;
-      const std::byte* src = t.src + s * isize;
-      if (stream)
-        detail::stream_copy(dst, src, static_cast<size_t>(n * isize));
-      else
-        std::memcpy(dst, src, static_cast<size_t>(n * isize));
+      put(stream, t.dst + d * isize, t.src + s * isize, static_cast<size_t>(n * isize));
     });
   };
   std::vector<CopyTask> writes;
@@ -208,8 +295,6 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
     }
   }
   const auto isize = static_cast<int64_t>(item);
-  // Results go out in slices small enough to still be in cache when copied to the other outputs.
-  constexpr int64_t kSlice = 4096;
   int64_t written = 0;
   for (const ReduceTask& t : tasks)
     for (size_t k = 0; k < t.outputs.size(); ++k)
@@ -231,103 +316,17 @@ void InProcessCommunicator::reduce(std::span<const ReduceTask> tasks, DType dtyp
         const int64_t at = (d + base) * isize;
         std::byte* sum = stream ? scratch.data() : t.outputs.front().second + at;
         detail::reduce_run(dtype, op, in.data(), in.size(), sum, m);
-        for (size_t k = stream ? 0 : 1; k < targets.size(); ++k) {
-          if (stream)
-            detail::stream_copy(targets[k] + at, sum, bytes);
-          else
-            std::memcpy(targets[k] + at, sum, bytes);
-        }
+        for (size_t k = stream ? 0 : 1; k < targets.size(); ++k) put(stream, targets[k] + at, sum, bytes);
       }
     });
   };
   std::vector<Strips> strips;
   std::vector<ReduceTask> rest;
-  if (tasks.size() > 1) take_strips(tasks, kSlice, strips, rest);
+  if (tasks.size() > 1) take_strips(tasks, strips, rest);
   if (strips.empty()) return run_tasks(pool_, tasks, item, run);
   run_tasks(pool_, std::span<const ReduceTask>(rest), item, run);
 
-  // Pieces of whole rows, about kPieceBytes each.
-  struct RowPiece {
-    const Strips* strips;
-    int64_t begin, end;  // rows
-  };
-  std::vector<RowPiece> pieces;
-  int64_t total = 0;
-  for (const Strips& s : strips) {
-    int64_t per_row = 0;
-    for (const ReduceTask* t : s.tasks) per_row += t->region.extent(s.dim) * s.inner;
-    total += per_row * s.outer;
-    const int64_t rows = std::max<int64_t>(1, kPieceBytes / isize / std::max<int64_t>(per_row, 1));
-    for (int64_t o = 0; o < s.outer; o += rows) pieces.push_back({&s, o, std::min(s.outer, o + rows)});
-  }
-  auto run_piece = [&](const RowPiece& p) {
-    const Strips& s = *p.strips;
-    const ReduceTask& first = *s.first;
-    const Box& in_box = first.in_box;
-    const int64_t row = in_box.extent(s.dim) * s.inner;
-    std::vector<const std::byte*> in(first.inputs.size());
-    std::vector<std::byte> scratch(static_cast<size_t>(kSlice * isize));
-    struct Pending {
-      int64_t at, count;
-      std::byte* out;
-    };
-    std::vector<Pending> pending;
-    int64_t batch_at = 0, batch_count = 0;
-    auto flush = [&] {
-      if (batch_count == 0) return;
-      for (size_t k = 0; k < in.size(); ++k) in[k] = first.inputs[k].second + batch_at * isize;
-      detail::reduce_run(dtype, op, in.data(), in.size(), scratch.data(), batch_count);
-      for (const Pending& r : pending) {
-        const std::byte* from = scratch.data() + (r.at - batch_at) * isize;
-        const auto bytes = static_cast<size_t>(r.count * isize);
-        if (stream)
-          detail::stream_copy(r.out, from, bytes);
-        else
-          std::memcpy(r.out, from, bytes);
-      }
-      pending.clear();
-      batch_count = 0;
-    };
-    // Runs join the batch while they follow it in the inputs and it stays within one slice.
-    auto emit = [&](int64_t at, int64_t count, std::byte* out) {
-      for (int64_t base = 0; base < count; base += kSlice) {
-        const int64_t n = std::min(kSlice, count - base);
-        if (batch_count > 0 && (at + base != batch_at + batch_count || batch_count + n > kSlice)) flush();
-        if (batch_count == 0) batch_at = at + base;
-        pending.push_back({at + base, n, out + base * isize});
-        batch_count += n;
-      }
-    };
-    // Row p.begin's coordinates before `dim`, then advanced like an odometer.
-    std::vector<int64_t> point(in_box.starts().begin(), in_box.starts().end());
-    for (size_t e = s.dim, left = static_cast<size_t>(p.begin); e-- > 0;) {
-      point[e] = in_box.start(e) + static_cast<int64_t>(left % static_cast<size_t>(in_box.extent(e)));
-      left /= static_cast<size_t>(in_box.extent(e));
-    }
-    for (int64_t o = p.begin; o < p.end; ++o) {
-      for (const ReduceTask* t : s.tasks) {
-        point[s.dim] = t->region.start(s.dim);
-        const int64_t at = o * row + (t->region.start(s.dim) - in_box.start(s.dim)) * s.inner;
-        std::byte* out = t->outputs.front().second + t->out_box.offset_of(point) * isize;
-        emit(at, t->region.extent(s.dim) * s.inner, out);
-      }
-      for (size_t e = s.dim; e-- > 0;) {
-        if (++point[e] < in_box.stop(e)) break;
-        point[e] = in_box.start(e);
-      }
-    }
-    flush();
-  };
-  if (total * isize < kInlineBytes) {
-    for (const RowPiece& p : pieces) run_piece(p);
-  } else {
-    pool_.parallel_for(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
-      run_piece(pieces[static_cast<size_t>(i)]);
-      detail::stream_fence();
-    });
-  }
-  // Small parts run inline may still stream: the call as a whole decided it.
-  detail::stream_fence();
+  sum_strips(pool_, strips, dtype, op, isize, stream);
 }
 
 }  // namespace tessel
