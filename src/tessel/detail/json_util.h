@@ -18,4 +18,11 @@ std::string kind(const Json& j);
 // Dumps with invalid UTF-8 replaced rather than thrown on.
 std::string dump(const Json& j, int indent = -1);
 
+// The string member `name` of object j, or "" where it is absent or no string (for answers whose
+// fields are optional and checked by the caller).
+inline std::string string_member(const nlohmann::json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 }  // namespace tessel::json_util

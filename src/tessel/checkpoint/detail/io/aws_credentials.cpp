@@ -19,6 +19,7 @@
 #include "tessel/checkpoint/detail/io/http.h"
 #include "tessel/checkpoint/detail/io/s3.h"
 #include "tessel/core/error.h"
+#include "tessel/detail/json_util.h"
 
 namespace tessel::detail {
 namespace {
@@ -95,18 +96,13 @@ ExpiringCredentials parse_sts_credentials(std::string_view xml, const std::strin
 
 namespace {
 
-std::string text_in(const nlohmann::json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 // The keys, `token_field` and the expiry of a JSON answer or output (`what` names it in errors).
 ExpiringCredentials credentials_in(const nlohmann::json& j, const char* token_field, const std::string& what) {
   ExpiringCredentials out;
-  out.credentials = {text_in(j, "AccessKeyId"), text_in(j, "SecretAccessKey"), text_in(j, token_field)};
+  out.credentials = {json_util::string_member(j, "AccessKeyId"), json_util::string_member(j, "SecretAccessKey"), json_util::string_member(j, token_field)};
   if (out.credentials.access_key.empty() || out.credentials.secret_key.empty())
     throw IoError(what + " has no AccessKeyId and SecretAccessKey");
-  if (const std::string e = text_in(j, "Expiration"); !e.empty()) {
+  if (const std::string e = json_util::string_member(j, "Expiration"); !e.empty()) {
     out.expires_at = parse_utc_time(e);
     if (!out.expires_at) throw IoError(fmt::format("{}'s Expiration '{}' is no UTC time", what, e.substr(0, 64)));
   }
@@ -119,9 +115,9 @@ ExpiringCredentials parse_json_credentials(std::string_view json, const std::str
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw IoError(fmt::format("{}: the answer is no JSON object: {}", where, trim(json.substr(0, 200))));
-  if (const std::string code = text_in(j, "Code"); !code.empty() && code != "Success")
+  if (const std::string code = json_util::string_member(j, "Code"); !code.empty() && code != "Success")
     throw IoError(fmt::format("{}: the answer's Code is '{}': {}", where, code.substr(0, 100),
-                              text_in(j, "Message").substr(0, 200)));
+                              json_util::string_member(j, "Message").substr(0, 200)));
   return credentials_in(j, "Token", where + ": the answer");
 }
 

@@ -18,6 +18,7 @@
 
 #include "tessel/checkpoint/detail/io/http.h"
 #include "tessel/core/error.h"
+#include "tessel/detail/json_util.h"
 
 namespace tessel::detail {
 namespace {
@@ -82,11 +83,6 @@ std::string base64(const unsigned char* data, size_t n) {
   return out;
 }
 
-std::string string_in(const nlohmann::json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 bool is_web_url(const std::string& url) { return url.starts_with("https://") || url.starts_with("http://"); }
 
 // An external_account file's settings (workload identity federation), checked.
@@ -94,7 +90,7 @@ GcsExternalAccount external_settings(const nlohmann::json& j, const std::string&
   GcsExternalAccount e;
   e.audience = field(j, "audience", path);
   e.subject_token_type = field(j, "subject_token_type", path);
-  e.impersonation_url = string_in(j, "service_account_impersonation_url");
+  e.impersonation_url = json_util::string_member(j, "service_account_impersonation_url");
   if (!is_web_url(field(j, "token_url", path)) || (!e.impersonation_url.empty() && !is_web_url(e.impersonation_url)))
     throw ValueError(fmt::format("the credentials file '{}': token_url and service_account_impersonation_url must be "
                                  "http(s) URLs", path));
@@ -107,8 +103,8 @@ GcsExternalAccount external_settings(const nlohmann::json& j, const std::string&
                                    "executable), which tessel does not read; a file or a URL is supported",
                                    path, unsupported));
   }
-  e.file = string_in(*source, "file");
-  e.url = string_in(*source, "url");
+  e.file = json_util::string_member(*source, "file");
+  e.url = json_util::string_member(*source, "url");
   if (e.file.empty() == e.url.empty())
     throw ValueError(fmt::format("the credentials file '{}': credential_source needs one of \"file\" and \"url\"", path));
   if (!e.url.empty() && !is_web_url(e.url))
@@ -122,7 +118,7 @@ GcsExternalAccount external_settings(const nlohmann::json& j, const std::string&
   }
   if (auto format = source->find("format"); format != source->end() && format->is_object()) {
     e.format = format->value("type", std::string("text"));
-    e.field = string_in(*format, "subject_token_field_name");
+    e.field = json_util::string_member(*format, "subject_token_field_name");
     if (e.format != "text" && e.format != "json")
       throw ValueError(fmt::format("the credentials file '{}': format type '{}' (text or json)", path, e.format));
     if (e.format == "json" && e.field.empty())
@@ -332,7 +328,7 @@ std::pair<std::string, int64_t> GcsAuth::external_token() const {
   }
   if (e.format == "json") {
     const nlohmann::json j = nlohmann::json::parse(subject, nullptr, false);
-    subject = j.is_object() ? string_in(j, e.field.c_str()) : std::string();
+    subject = j.is_object() ? json_util::string_member(j, e.field.c_str()) : std::string();
     if (subject.empty()) throw IoError(fmt::format("the subject token for {} has no string \"{}\"", hint_, e.field));
   }
   while (!subject.empty() && std::isspace(static_cast<unsigned char>(subject.back()))) subject.pop_back();
@@ -349,7 +345,7 @@ std::pair<std::string, int64_t> GcsAuth::external_token() const {
                        std::as_bytes(std::span(body.data(), body.size()))};
   exchange.total_timeout_s = 60;
   const nlohmann::json sts = token_answer(exchange, fmt::format("exchanging the subject token at {} for {}", token_uri_, hint_));
-  std::string token = string_in(sts, "access_token");
+  std::string token = json_util::string_member(sts, "access_token");
   if (token.empty()) throw IoError(fmt::format("{}: the answer has no access_token", token_uri_));
   int64_t seconds = 3600;
   if (auto it = sts.find("expires_in"); it != sts.end() && it->is_number_integer()) seconds = it->get<int64_t>();
@@ -363,8 +359,8 @@ std::pair<std::string, int64_t> GcsAuth::external_token() const {
   impersonate.total_timeout_s = 60;
   const std::string what = fmt::format("impersonating at {} for {}", e.impersonation_url, hint_);
   const nlohmann::json sa = token_answer(impersonate, what);
-  token = string_in(sa, "accessToken");
-  const std::optional<int64_t> expires = parse_utc_time(string_in(sa, "expireTime"));
+  token = json_util::string_member(sa, "accessToken");
+  const std::optional<int64_t> expires = parse_utc_time(json_util::string_member(sa, "expireTime"));
   if (token.empty() || !expires) throw IoError(what + ": the answer has no accessToken and expireTime");
   return {token, std::max<int64_t>(0, *expires - static_cast<int64_t>(std::time(nullptr)))};
 }
