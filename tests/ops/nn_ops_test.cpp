@@ -1,6 +1,7 @@
 // The ops a transformer needs, on random meshes and shardings (f64): values against host
 // references, and every op's gradient against central finite differences.
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -392,6 +393,50 @@ TEST(NnOps, TakeLooksUpRowsOfAShardedTable) {
   const Tensor out = ops::take(tt, ti);
   EXPECT_EQ(out.partial(), std::vector<std::string>{"tensor"});
   EXPECT_EQ(out.sharding().spec(), PartitionSpec({{"data"}, {}, {}}));
+}
+
+// Large enough that one device's block is split over the cores: the embedding gradient sums each
+// table row over its positions in order (the bits of a host loop in f32), and index() copies a
+// layer of a stacked weight (dimension 1, as a scan reads it) exactly.
+TEST(NnOps, TakeGradientAndIndexSplitOverTheCoresKeepTheHostsBits) {
+  Runtime rt = Runtime::host(2);
+  std::mt19937 rng(41);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int64_t vocab = 256, embed = 64, positions = 512;
+  for (const char* mesh_text : {"data=1", "data=2"}) {
+    SCOPED_TRACE(mesh_text);
+    const Mesh mesh = Mesh::parse(mesh_text);
+    std::vector<float> tv(static_cast<size_t>(vocab * embed)), gv(static_cast<size_t>(positions * embed));
+    for (float& v : tv) v = dist(rng);
+    for (float& v : gv) v = dist(rng);
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < positions; ++i) ids.push_back(static_cast<int32_t>(rng() % 40 == 0 ? 7 : rng() % vocab));
+    const NamedSharding replicated(mesh, PartitionSpec{});
+    const Tensor table = ops::requires_grad(
+        Tensor(device_put(rt, HostArray::from<float>(Shape({vocab, embed}), std::span<const float>(tv)), replicated)));
+    const Tensor g(device_put(rt, HostArray::from<float>(Shape({positions, embed}), std::span<const float>(gv)), replicated));
+    const Tensor ti = put_ids(rt, {positions}, ids, replicated);
+    const Tensor loss = ops::sum(ops::mul(ops::take(table, ti), g));
+    const HostArray got = to_host(ops::grad(loss, {table})[0].array());
+    std::vector<float> want(tv.size(), 0.0f);
+    for (int64_t i = 0; i < positions; ++i)
+      for (int64_t e = 0; e < embed; ++e) want[static_cast<size_t>(ids[static_cast<size_t>(i)] * embed + e)] += gv[static_cast<size_t>(i * embed + e)];
+    const auto gotv = got.values<float>();
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(std::memcmp(&gotv[i], &want[i], 4), 0) << "table element " << i << ": " << gotv[i] << " against " << want[i];
+
+    const int64_t rows = 256, layers = 4, cols = 1024;
+    std::vector<float> sv(static_cast<size_t>(rows * layers * cols));
+    for (float& v : sv) v = dist(rng);
+    const Tensor stacked(device_put(rt, HostArray::from<float>(Shape({rows, layers, cols}), std::span<const float>(sv)), replicated));
+    for (int64_t l = 0; l < layers; ++l) {
+      const HostArray slice = to_host(ops::index(stacked, 1, l).array());
+      const auto sl = slice.values<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(std::memcmp(&sl[static_cast<size_t>(r * cols)], &sv[static_cast<size_t>((r * layers + l) * cols)], cols * 4), 0)
+            << "layer " << l << " row " << r;
+    }
+  }
 }
 
 TEST(NnOps, ReshapeTransposeAndIndexMoveShardsWithTheirDimensions) {

@@ -96,18 +96,25 @@ Tensor take_grad(const Tensor& g_in, const Tensor& ids_in, const Tensor& table) 
                 [&](int64_t device, const Box& box, std::byte* o) {
                   const int64_t v0 = box.start(0), nv = box.extent(0), ne = box.extent(1);
                   const int64_t rows = ids.shards().shard(device).box.volume();
+                  for (int64_t i = 0; i < rows; ++i) {
+                    const int64_t id = id_at(ids, device, i);
+                    if (id < 0 || id >= vocab) bad_id("take", id, vocab);
+                  }
                   dispatch_float(g.dtype(), [&](auto zero) {
                     using T = decltype(zero);
                     T* out = reinterpret_cast<T*>(o);
-                    std::fill(out, out + nv * ne, T(0));
                     const T* src = reinterpret_cast<const T*>(block(g, device));
-                    for (int64_t i = 0; i < rows; ++i) {
-                      const int64_t id = id_at(ids, device, i);
-                      if (id < 0 || id >= vocab) bad_id("take", id, vocab);
-                      if (id < v0 || id >= v0 + nv) continue;
-                      T* row = out + (id - v0) * ne;
-                      for (int64_t e = 0; e < ne; ++e) row[e] += src[i * ne + e];
-                    }
+                    // Each core sums the table rows of its own range of ids, in the order of the
+                    // positions: every row's sum is the same whatever the split.
+                    split_rows(nv, ne * rows / std::max<int64_t>(nv, 1) + ne, [&](int64_t lo, int64_t hi) {
+                      std::fill(out + lo * ne, out + hi * ne, T(0));
+                      for (int64_t i = 0; i < rows; ++i) {
+                        const int64_t id = id_at(ids, device, i) - v0;
+                        if (id < lo || id >= hi) continue;
+                        T* row = out + id * ne;
+                        for (int64_t e = 0; e < ne; ++e) row[e] += src[i * ne + e];
+                      }
+                    });
                   });
                 });
 }
@@ -347,7 +354,10 @@ Tensor index(const Tensor& x, size_t dim, int64_t i) {
                         const AlongDim s = along(block_box(placed, device), dim);
                         const int64_t inner = s.inner * static_cast<int64_t>(item);
                         const std::byte* src = block(placed, device);
-                        for (int64_t a = 0; a < s.outer; ++a) std::memcpy(o + a * inner, src + (a * s.n + i) * inner, inner);
+                        // Split over the cores: a scan's layers slice their weights here every step.
+                        split_rows(s.outer, s.inner, [&](int64_t lo, int64_t hi) {
+                          for (int64_t a = lo; a < hi; ++a) std::memcpy(o + a * inner, src + (a * s.n + i) * inner, inner);
+                        });
                       });
   Tensor recorded = record(out, {x}, [shape = x.shape(), dim, i](const Tensor& g) {
     return std::vector<Tensor>{index_put(g, shape, dim, i)};
