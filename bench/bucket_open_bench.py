@@ -10,7 +10,8 @@ reader in a fresh process:
   reader making one round trip per object with tessel's 16 threads).
 
 `--old PATH` adds a reader importing tessel from PATH (an older build's package: before and after
-a change, in the same run). Prints the medians, seconds, and each reader's over tessel's.
+a change, in the same run). Prints the medians, seconds, each reader's over tessel's, and the
+requests each reader made.
 
     .venv/bin/python bench/bucket_open_bench.py [--arrays 200] [--delay-ms 20] [--rounds 3] [--old DIR]
 """
@@ -76,6 +77,7 @@ def main():
             env = dict(os.environ, **store.environment(proxy.endpoint))
             kinds = ["tessel", "tensorstore", "floor"] + (["old"] if a.old else [])
             results = {k: [] for k in kinds}
+            requests = {k: [] for k in kinds if k != "floor"}
             for r in range(a.rounds):
                 for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
                     if kind == "floor":
@@ -87,12 +89,16 @@ def main():
                         results[kind].append(time.perf_counter() - t0)
                         continue
                     run_env = dict(env, PYTHONPATH=a.old) if kind == "old" else env
+                    before = len(proxy.arrivals)
                     out = subprocess.run([sys.executable, __file__, "--reader", kind, proxy.endpoint, str(a.arrays)],
                                          capture_output=True, text=True, env=run_env)
                     if out.returncode != 0:
                         raise SystemExit(f"{kind} failed:\n{out.stderr}")
                     results[kind].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
-            summary = {"arrays": a.arrays, "delay_ms": a.delay_ms, "requests": len(proxy.arrivals)}
+                    requests[kind].append(len(proxy.arrivals) - before)
+            summary = {"arrays": a.arrays, "delay_ms": a.delay_ms}
+            for kind, counts in requests.items():
+                summary[kind + "_requests"] = statistics.median(counts)
             for kind, runs in results.items():
                 summary[kind + "_s"] = statistics.median(runs)
                 summary[kind + "_runs"] = [round(x, 3) for x in runs]

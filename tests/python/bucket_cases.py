@@ -9,6 +9,7 @@ read back by TensorStore's own kvstore; the CheckpointManager and `tessel train`
 JAX job. Faults a store gives (throttling, 5xx, dropped connections) are retried; a truncated
 object, bytes damaged in transit, a missing bucket or prefix, a save that dies and exhausted
 retries are clear errors and never a committed step."""
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -167,17 +168,58 @@ def test_a_restore_lists_each_parameter_once_not_each_chunk(rng, tmp, store, mon
             tessel.checkpoint.restore(where)
 
 
+def small_arrays_in_bucket(rng, tmp, store, name, count):
+    """An item of `count` small one-chunk arrays saved as plain files and uploaded under a fresh
+    prefix: (names, values, prefix, url)."""
+    names = [f"p{i}" for i in range(count)]
+    values = {k: random_array(rng, (rng.randrange(1, 5), rng.randrange(2, 7)), "float32") for k in names}
+    local = os.path.join(tmp, "item")
+    tessel.checkpoint.save(local, values, use_ocdbt=False)
+    prefix = f"{name}-{rng.randrange(10**9)}"
+    upload_tree(store, local, prefix)
+    return names, values, prefix, store.url(prefix)
+
+
+def test_a_small_item_is_listed_whole_in_one_request(rng, tmp, store, monkeypatch):
+    """Plain files in a bucket: an item of fewer objects than a listing page (1000) is listed whole,
+    once, and each one-chunk array then costs TensorStore's two requests (its zarr metadata and its
+    chunk), no listing or size request of its own. An item of a page of objects or more lists each
+    array's directory instead, with the same values."""
+    names, values, prefix, url = small_arrays_in_bucket(rng, tmp, store, "whole", rng.randrange(6, 14))
+
+    def restore_seen():
+        requests = []
+        with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
+            store.point_at(monkeypatch, proxy.endpoint)
+            proxy.on_request = lambda method, path: requests.append((method, path))
+            got = tessel.checkpoint.restore(url)
+        store.point_at(monkeypatch, store.endpoint)
+        for k, want in values.items():
+            assert_bit_identical(got[k].to_numpy(), want, k)
+        listings = [store.listing(m, p) for m, p in requests]
+        return requests, [l for l in listings if l is not None and l[1] == "" and l[0].startswith(prefix + "/")]
+
+    requests, listings = restore_seen()
+    assert listings == [(prefix + "/", "")], listings
+    for k in names:
+        below = f"{prefix}/{k}/"
+        reads = [o.removeprefix(f"/{store.bucket}/") for m, p in requests if m == "GET" and (o := store.object_name(p))]
+        assert sorted(o for o in reads if o.startswith(below)) == [below + ".zarray", below + "0.0"], reads
+        sizes = [s for s in (store.size_asked(m, p) for m, p in requests) if s and s.startswith(below)]
+        assert not sizes, sizes
+
+    # A page of objects more (outside the tree): the item is listed by its arrays' directories.
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: store.put(f"{prefix}/extra/{i}", b"x"), range(1000)))
+    _, listings = restore_seen()
+    assert sorted(listings) == sorted([(prefix + "/", "")] + [(f"{prefix}/{k}/", "") for k in names]), listings
+
+
 def test_an_item_in_a_bucket_opens_its_arrays_together(rng, tmp, store, monkeypatch):
     """Plain files in a far bucket: opening an item asks for its arrays' listings and zarr metadata
     several at a time, not one round trip after another (an item of thousands of arrays opened in
     minutes), each array's still once."""
-    names = [f"p{i}" for i in range(rng.randrange(24, 40))]
-    values = {k: random_array(rng, (rng.randrange(1, 5), rng.randrange(2, 7)), "float32") for k in names}
-    local = os.path.join(tmp, "item")
-    tessel.checkpoint.save(local, values, use_ocdbt=False)
-    prefix = f"opened-{rng.randrange(10**9)}"
-    upload_tree(store, local, prefix)
-    url = store.url(prefix)
+    names, values, prefix, url = small_arrays_in_bucket(rng, tmp, store, "opened", rng.randrange(24, 40))
     with FaultProxy(store.endpoint, rate=0.0, seed=0) as proxy:
         store.point_at(monkeypatch, proxy.endpoint)
         proxy.delay = 0.05  # a round trip to a bucket in another region

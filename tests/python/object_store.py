@@ -122,6 +122,14 @@ class S3Store:
         """The object whose size (and nothing else) a request asks, or None: S3's HEAD."""
         return self.object_name(path).removeprefix(f"/{self.bucket}/") if method == "HEAD" else None
 
+    def listing(self, method: str, path: str) -> tuple[str, str] | None:
+        """The (prefix, delimiter) a request lists, or None: S3's ListObjectsV2."""
+        url = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        if method != "GET" or query.get("list-type") != ["2"]:
+            return None
+        return query.get("prefix", [""])[0], query.get("delimiter", [""])[0]
+
     def kvstore(self, path: str) -> dict:
         """TensorStore's own kvstore for `path` in the bucket."""
         return {"driver": "s3", "bucket": self.bucket, "endpoint": self.endpoint,
@@ -192,6 +200,14 @@ class GcsStore:
         if method != "GET" or "alt=media" in url.query.split("&") or "/o/" not in url.path:
             return None
         return urllib.parse.unquote(url.path.split("/o/", 1)[1])
+
+    def listing(self, method: str, path: str) -> tuple[str, str] | None:
+        """The (prefix, delimiter) a request lists, or None: a GET of the bucket's objects."""
+        url = urllib.parse.urlsplit(path)
+        if method != "GET" or not url.path.endswith(f"/b/{self.bucket}/o"):
+            return None
+        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        return query.get("prefix", [""])[0], query.get("delimiter", [""])[0]
 
     def kvstore(self, path: str) -> dict:
         return {"driver": "gcs", "bucket": self.bucket, "path": path}

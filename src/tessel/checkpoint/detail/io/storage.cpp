@@ -113,15 +113,33 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc) {
   return std::make_shared<const StoredObject>(std::move(client), loc, *size);
 }
 
-std::map<std::string, int64_t, std::less<>> list_objects(const Location& dir) {
+namespace {
+// The listed objects below `dir` (at most `limit` names when > 0) by their names relative to it.
+ObjectListing list_below(const Location& dir, int limit) {
   if (dir.is_local()) throw ValueError("list_objects is for a bucket prefix, not '" + dir.string() + "'");
+  return ObjectStore::for_location(dir)->list(dir.bucket(), dir_prefix(dir), "", limit);
+}
+
+std::map<std::string, int64_t, std::less<>> by_name(const Location& dir, ObjectListing listing) {
   const std::string prefix = dir_prefix(dir);
   std::map<std::string, int64_t, std::less<>> out;
-  for (auto& [key, size] : ObjectStore::for_location(dir)->list(dir.bucket(), prefix, "").objects) {
+  for (auto& [key, size] : listing.objects) {
     std::string name = key.substr(prefix.size());
     if (!name.empty() && !name.ends_with('/')) out.emplace(std::move(name), size);  // "x/": a folder marker
   }
   return out;
+}
+}  // namespace
+
+std::map<std::string, int64_t, std::less<>> list_objects(const Location& dir) {
+  return by_name(dir, list_below(dir, 0));
+}
+
+std::optional<std::map<std::string, int64_t, std::less<>>> list_objects_if_fewer(const Location& dir, int limit) {
+  if (limit <= 0) throw ValueError("list_objects_if_fewer needs a positive limit, got " + std::to_string(limit));
+  ObjectListing listing = list_below(dir, limit);
+  if (listing.objects.size() >= static_cast<size_t>(limit)) return std::nullopt;
+  return by_name(dir, std::move(listing));
 }
 
 std::shared_ptr<const ByteSource> open_listed(const Location& loc, int64_t size) {

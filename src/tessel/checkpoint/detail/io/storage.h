@@ -39,6 +39,9 @@ std::shared_ptr<const ByteSource> open_if_exists(const Location& loc);
 // their sizes: one listing (a request per page of names) where opening each would ask for each
 // object's size. Throws ValueError for a local directory.
 std::map<std::string, int64_t, std::less<>> list_objects(const Location& dir);
+// The same from one request (one page of at most `limit` names) when there are fewer than `limit`
+// objects; nullopt when there may be more.
+std::optional<std::map<std::string, int64_t, std::less<>>> list_objects_if_fewer(const Location& dir, int limit);
 // The object at `loc` for reading by ranges, its size as a listing gave it: no request made.
 std::shared_ptr<const ByteSource> open_listed(const Location& loc, int64_t size);
 // The whole file or object, refused above `max_bytes`; nullopt when there is none.

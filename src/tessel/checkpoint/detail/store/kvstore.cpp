@@ -80,6 +80,13 @@ const KvStore::Listing& KvStore::listing(std::string_view dir) const {
   return *l;  // by_dir holds it as long as the store
 }
 
+const std::map<std::string, int64_t, std::less<>>* KvStore::whole_listing() const {
+  // S3's and GCS's largest listing page.
+  constexpr int kPage = 1000;
+  std::call_once(listings_->whole_once, [&] { listings_->whole = list_objects_if_fewer(dir_, kPage); });
+  return listings_->whole ? &*listings_->whole : nullptr;
+}
+
 KvStore KvStore::ocdbt(const Location& dir) {
   KvStore s;
   s.dir_ = dir;
@@ -147,11 +154,16 @@ std::optional<StoredValue> KvStore::get(std::string_view key) const {
     return StoredValue(std::move(file), static_cast<int64_t>(e->offset), static_cast<int64_t>(e->length), where);
   }
   const Location f = nested_location(dir_, key, "key '" + std::string(key) + "'");
-  if (const size_t slash = key.find('/'); listings_ && slash != std::string_view::npos) {
-    const Listing& l = listing(key.substr(0, slash));
-    const auto it = l.sizes.find(key.substr(slash + 1));
-    if (it == l.sizes.end()) return std::nullopt;
-    return StoredValue(open_listed(f, it->second), 0, it->second, f.string());
+  if (listings_) {
+    auto listed = [&](const std::map<std::string, int64_t, std::less<>>& sizes,
+                      std::string_view name) -> std::optional<StoredValue> {
+      const auto it = sizes.find(name);
+      if (it == sizes.end()) return std::nullopt;
+      return StoredValue(open_listed(f, it->second), 0, it->second, f.string());
+    };
+    if (const auto* whole = whole_listing()) return listed(*whole, key);
+    if (const size_t slash = key.find('/'); slash != std::string_view::npos)
+      return listed(listing(key.substr(0, slash)).sizes, key.substr(slash + 1));
   }
   auto file = open_if_exists(f);
   if (!file) return std::nullopt;

@@ -91,9 +91,11 @@ class KvStore {
   };
   std::shared_ptr<const ByteSource> data_file(const OcdbtEntry& e) const;
 
-  // In a bucket, the objects below each directory of dir_ (a parameter's metadata and chunks),
-  // listed once with their sizes on the first key asked there: a listing page per thousand
-  // objects where opening each chunk would ask for its size. An opened item's checkpoint is
+  // In a bucket, the objects below dir_ listed with their sizes where opening each would ask for
+  // its size: the whole item in one request when it holds fewer objects than a listing page
+  // (every key then answered from it, as TensorStore's two requests per one-chunk array: its
+  // metadata and its chunk); else each directory of dir_ (a parameter's metadata and chunks) on
+  // the first key asked there, a page per thousand objects. An opened item's checkpoint is
   // committed, so a listing stays true while the item is open.
   struct Listing {
     std::once_flag once;  // a listing that threw is tried again by the next caller
@@ -102,8 +104,12 @@ class KvStore {
   struct Listings {
     std::mutex mu;
     std::map<std::string, std::shared_ptr<Listing>, std::less<>> by_dir;
+    std::once_flag whole_once;
+    std::optional<std::map<std::string, int64_t, std::less<>>> whole;  // by key, for a small item
   };
   const Listing& listing(std::string_view dir) const;
+  // Every object of the item by key, or nullptr when it holds a page of them or more.
+  const std::map<std::string, int64_t, std::less<>>* whole_listing() const;
 
   Location dir_;
   std::shared_ptr<const OcdbtDatabase> db_;
