@@ -412,15 +412,19 @@ TEST(NnOps, TakeGradientAndIndexSplitOverTheCoresKeepTheHostsBits) {
     std::vector<int32_t> ids;
     for (int64_t i = 0; i < positions; ++i) ids.push_back(static_cast<int32_t>(rng() % 40 == 0 ? 7 : rng() % vocab));
     const NamedSharding replicated(mesh, PartitionSpec{});
-    const Tensor table = ops::requires_grad(
-        Tensor(device_put(rt, HostArray::from<float>(Shape({vocab, embed}), std::span<const float>(tv)), replicated)));
-    const Tensor g(device_put(rt, HostArray::from<float>(Shape({positions, embed}), std::span<const float>(gv)), replicated));
+    auto put_f32 = [&](const std::vector<float>& v, Shape shape) {
+      return Tensor(device_put(rt, HostArray::from<float>(shape, std::span<const float>(v)), replicated));
+    };
+    const Tensor table = ops::requires_grad(put_f32(tv, Shape({vocab, embed})));
+    const Tensor g = put_f32(gv, Shape({positions, embed}));
     const Tensor ti = put_ids(rt, {positions}, ids, replicated);
     const Tensor loss = ops::sum(ops::mul(ops::take(table, ti), g));
     const HostArray got = to_host(ops::grad(loss, {table})[0].array());
     std::vector<float> want(tv.size(), 0.0f);
-    for (int64_t i = 0; i < positions; ++i)
-      for (int64_t e = 0; e < embed; ++e) want[static_cast<size_t>(ids[static_cast<size_t>(i)] * embed + e)] += gv[static_cast<size_t>(i * embed + e)];
+    for (int64_t i = 0; i < positions; ++i) {
+      const int64_t id = ids[static_cast<size_t>(i)];
+      for (int64_t e = 0; e < embed; ++e) want[static_cast<size_t>(id * embed + e)] += gv[static_cast<size_t>(i * embed + e)];
+    }
     const auto gotv = got.values<float>();
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_EQ(std::memcmp(&gotv[i], &want[i], 4), 0) << "table element " << i << ": " << gotv[i] << " against " << want[i];
@@ -428,7 +432,7 @@ TEST(NnOps, TakeGradientAndIndexSplitOverTheCoresKeepTheHostsBits) {
     const int64_t rows = 256, layers = 4, cols = 1024;
     std::vector<float> sv(static_cast<size_t>(rows * layers * cols));
     for (float& v : sv) v = dist(rng);
-    const Tensor stacked(device_put(rt, HostArray::from<float>(Shape({rows, layers, cols}), std::span<const float>(sv)), replicated));
+    const Tensor stacked = put_f32(sv, Shape({rows, layers, cols}));
     for (int64_t l = 0; l < layers; ++l) {
       const HostArray slice = to_host(ops::index(stacked, 1, l).array());
       const auto sl = slice.values<float>();

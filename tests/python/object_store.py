@@ -76,6 +76,11 @@ def s3_client(endpoint: str):
                         region_name=CREDENTIALS["AWS_REGION"])
 
 
+def _prefix_and_delimiter(query: dict) -> tuple[str, str]:
+    """A listing's prefix and delimiter from its parsed query (S3 and GCS name them alike)."""
+    return query.get("prefix", [""])[0], query.get("delimiter", [""])[0]
+
+
 class S3Store:
     """A bucket on moto's server, filled and inspected with boto3."""
     scheme = "s3"
@@ -124,11 +129,8 @@ class S3Store:
 
     def listing(self, method: str, path: str) -> tuple[str, str] | None:
         """The (prefix, delimiter) a request lists, or None: S3's ListObjectsV2."""
-        url = urllib.parse.urlsplit(path)
-        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
-        if method != "GET" or query.get("list-type") != ["2"]:
-            return None
-        return query.get("prefix", [""])[0], query.get("delimiter", [""])[0]
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query, keep_blank_values=True)
+        return _prefix_and_delimiter(query) if method == "GET" and query.get("list-type") == ["2"] else None
 
     def kvstore(self, path: str) -> dict:
         """TensorStore's own kvstore for `path` in the bucket."""
@@ -206,8 +208,7 @@ class GcsStore:
         url = urllib.parse.urlsplit(path)
         if method != "GET" or not url.path.endswith(f"/b/{self.bucket}/o"):
             return None
-        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
-        return query.get("prefix", [""])[0], query.get("delimiter", [""])[0]
+        return _prefix_and_delimiter(urllib.parse.parse_qs(url.query, keep_blank_values=True))
 
     def kvstore(self, path: str) -> dict:
         return {"driver": "gcs", "bucket": self.bucket, "path": path}
