@@ -248,6 +248,80 @@ TEST(Attention, HeadsOfWidthZero) {
   }
 }
 
+// Rotary embeddings inside the op: the output and every gradient (all three asked together, or dq
+// or dk alone, whose paths rotate different operands) have the bits of the rope ops followed by the
+// op, on random meshes, in f32 and f64, grouped-query, windows, sequences across the 64-query
+// blocks; an odd head_dim or a bad max_timescale is refused.
+TEST(Attention, RopeInsideHasTheBitsOfTheRopeOps) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(47);
+  const int64_t lengths[] = {9, 70, 130}, widths[] = {2, 16, 64};
+  for (int iter = 0; iter < 9; ++iter) {
+    const Mesh mesh = testing::random_mesh(rng);
+    const DType dtype = iter % 2 ? DType::kF64 : DType::kF32;
+    const int64_t s = lengths[iter % 3], d = widths[(iter / 3) % 3], kv = iter % 3 == 1 ? 1 : 2;
+    const int64_t window = iter % 4 == 3 ? 20 : 0;
+    const ops::AttentionRope rope{.max_timescale = iter % 2 ? 500.0 : 10000.0,
+                                  .query_scale = std::uniform_real_distribution<double>(0.1, 2.0)(rng)};
+    SCOPED_TRACE(::testing::Message() << mesh.to_string() << " " << name(dtype) << " s " << s << " d " << d << " kv "
+                                      << kv << " window " << window);
+    const Host q = random_host(rng, {2, s, 4, d}), k = random_host(rng, {2, s, kv, d}), v = random_host(rng, {2, s, kv, 3}),
+               w = random_host(rng, {2, s, 4, 3});
+    auto place = [&](const Host& x) {
+      return ops::cast(put(rt, x, NamedSharding(mesh, testing::random_spec(rng, mesh, 4))), dtype);
+    };
+    const Tensor tq = place(q), tk = place(k), tv = place(v), tw = place(w);
+    auto bits = [](const Tensor& t) { return values(ops::cast(ops::reduce(t), DType::kF64)); };
+    // The output and the gradients of the inputs flagged in `want` (q, k, v).
+    auto run = [&](bool inside, std::array<bool, 3> want) {
+      std::vector<Tensor> in{tq, tk, tv}, asked;
+      for (size_t i = 0; i < 3; ++i) {
+        if (want[i]) {
+          in[i] = ops::requires_grad(in[i]);
+          asked.push_back(in[i]);
+        }
+      }
+      const Tensor o = inside ? ops::causal_attention(in[0], in[1], in[2], window, rope)
+                              : ops::causal_attention(ops::rope(in[0], 1, rope.max_timescale, rope.query_scale),
+                                                      ops::rope(in[1], 1, rope.max_timescale), in[2], window);
+      std::vector<std::vector<double>> out{bits(o)};
+      for (const Tensor& x : ops::grad(ops::sum(ops::mul(o, tw)), asked)) out.push_back(bits(x));
+      return out;
+    };
+    for (std::array<bool, 3> want : {std::array{true, true, true}, std::array{true, false, false},
+                                     std::array{false, true, false}}) {
+      const auto fused = run(true, want), composite = run(false, want);
+      ASSERT_EQ(fused.size(), composite.size());
+      for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i], composite[i]) << (i == 0 ? "output" : "gradient");
+    }
+  }
+  const Mesh mesh = Mesh::parse("x=1");
+  const Tensor odd = put(rt, random_host(rng, {1, 4, 2, 3}), NamedSharding(mesh, {}));
+  EXPECT_THAT([&] { ops::causal_attention(odd, odd, odd, 0, ops::AttentionRope{}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("head_dim, which must be even")));
+  const Tensor even = put(rt, random_host(rng, {1, 4, 2, 4}), NamedSharding(mesh, {}));
+  EXPECT_THAT([&] { ops::causal_attention(even, even, even, 0, ops::AttentionRope{.max_timescale = 0}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("max_timescale must be positive")));
+}
+
+// nn::causal_attention with rope: the fused op's bits without sinks; with sinks, the composite over
+// the rope ops' rotated q and k.
+TEST(Attention, LayerRotatesWithOrWithoutSinks) {
+  Runtime rt = Runtime::host(2);
+  std::mt19937 rng(48);
+  const Mesh mesh = Mesh::parse("x=2");
+  const Host q = random_host(rng, {2, 7, 4, 4}), k = random_host(rng, {2, 7, 2, 4}), v = random_host(rng, {2, 7, 2, 3});
+  auto place = [&](const Host& x) { return put(rt, x, NamedSharding(mesh, {{"x"}})); };
+  const ops::AttentionRope rope{.max_timescale = 100, .query_scale = 0.5};
+  const Tensor tq = place(q), tk = place(k), tv = place(v);
+  const Tensor rq = ops::rope(tq, 1, 100, 0.5), rk = ops::rope(tk, 1, 100);
+  EXPECT_EQ(values(nn::causal_attention(tq, tk, tv, {.window = 3, .rope = rope})),
+            values(nn::causal_attention(rq, rk, tv, {.window = 3})));
+  const Tensor sinks = put(rt, random_host(rng, {4}), NamedSharding(mesh, {}));
+  EXPECT_EQ(values(nn::causal_attention(tq, tk, tv, {.sinks = sinks, .rope = rope})),
+            values(nn::causal_attention(rq, rk, tv, {.sinks = sinks})));
+}
+
 // nn::causal_attention without sinks is the fused op: [b, s, h * dv], the same as the composite's
 // math (checked against the host above); a bad window or shape is refused by name.
 TEST(Attention, LayerUsesTheFusedOpAndRefusesBadInput) {

@@ -169,9 +169,10 @@ Tensor attention(const TransformerConfig& c, const LayerWeight& w, const Tensor&
     q = ops::rms_norm(q, w("self_attention/query_norm/scale"), kEps);
     k = ops::rms_norm(k, w("self_attention/key_norm/scale"), kEps);
   }
-  q = ops::rope(q, 1, 10000.0, 1.0 / std::sqrt(static_cast<double>(d)));
-  k = ops::rope(k, 1);
-  const Tensor merged = nn::causal_attention(q, k, v);
+  // Rotated (and the queries scaled) inside the attention op, as it reads them.
+  nn::AttentionOptions options;
+  options.rope = ops::AttentionRope{.max_timescale = 10000.0, .query_scale = 1.0 / std::sqrt(static_cast<double>(d))};
+  const Tensor merged = nn::causal_attention(q, k, v, options);
   return ops::dot(merged, ops::reshape(w("self_attention/out/kernel"), Shape{h * d, e}));
 }
 

@@ -9,7 +9,17 @@ namespace tessel::nn {
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
   ops::check_attention_shapes(q, k, v);
   const int64_t b = q.shape()[0], s = q.shape()[1], h = q.shape()[2], dv = v.shape()[3];
-  if (!options.sinks.defined()) return ops::reshape(ops::causal_attention(q, k, v, options.window), Shape{b, s, h * dv});
+  if (!options.sinks.defined()) {
+    const Tensor o = options.rope ? ops::causal_attention(q, k, v, options.window, *options.rope)
+                                  : ops::causal_attention(q, k, v, options.window);
+    return ops::reshape(o, Shape{b, s, h * dv});
+  }
+  if (options.rope) {
+    AttentionOptions rotated = options;
+    rotated.rope.reset();
+    return causal_attention(ops::rope(q, 1, options.rope->max_timescale, options.rope->query_scale),
+                            ops::rope(k, 1, options.rope->max_timescale), v, rotated);
+  }
   // With sinks, the composite: its softmax takes the sink column.
   if (options.sinks.shape() != Shape{h})
     throw ValueError("causal_attention: sinks must be [heads = " + std::to_string(h) + "], got " +

@@ -1,12 +1,17 @@
 #include "tessel/ops/attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/detail/local.h"
 #include "tessel/ops/detail/propagation.h"
+#include "tessel/ops/detail/rope_kernels.h"
+#include "tessel/ops/detail/rope_tables.h"
 #include "tessel/ops/detail/rows.h"
 #include "tessel/ops/detail/softmax_kernels.h"
 
@@ -89,12 +94,12 @@ void visible_rows(const Layout& l, T* block, int64_t r0, int64_t r1, int64_t lo,
 // [s, s]; its rows of q, dq, o or do (rows q_row or o_row apart); the rows of its key/value head in
 // k, v, dk or dv (k_row or v_row apart).
 
-// P = softmax(mask(q k^T)) for one head.
+// P = softmax(mask(q k^T)) for one head, its rows of q q_row apart, of k k_row.
 template <class T>
-void head_probabilities(const Layout& l, DType dt, const T* qi, const T* kj, T* pb) {
+void head_probabilities(const Layout& l, DType dt, const T* qi, int64_t q_row, const T* kj, int64_t k_row, T* pb) {
   l.for_query_blocks([&](int64_t r0, int64_t r1, int64_t lo, int64_t hi) {
-    gemm_strided(dt, false, true, r1 - r0, hi - lo, l.d, bytes(qi + r0 * l.q_row()), l.q_row(), bytes(kj + lo * l.k_row()),
-                 l.k_row(), bytes(pb + r0 * l.s + lo), l.s, false);
+    gemm_strided(dt, false, true, r1 - r0, hi - lo, l.d, bytes(qi + r0 * q_row), q_row, bytes(kj + lo * k_row), k_row,
+                 bytes(pb + r0 * l.s + lo), l.s, false);
     visible_rows(l, pb, r0, r1, lo, [](T* row, int64_t n) { softmax_rows(row, row, 1, n); });
   });
 }
@@ -135,28 +140,81 @@ void head_key_grads(const Layout& l, DType dt, const T* wb, const T* xi, int64_t
   });
 }
 
-// The forward for batch row t and key/value head j: each head's probabilities, then its output
-// rows while they are in cache.
+// Rotary embeddings applied as the op reads q and k (AttentionRope): the tables' rows for
+// positions [0, s), turning forward (sin) and back (back_sin; cos is the same), and the queries'
+// scale. Each rotation is rope's kernel on the same rows, so the bits are those of the rope ops.
 template <class T>
-void forward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v, T* p, T* o, int64_t t, int64_t j) {
+struct Rotation {
+  const T* cos;
+  const T* sin;
+  const T* back_sin;
+  T query_scale;
+};
+
+// Rows [0, s) of one head, `from` rows from_row apart, rotated into `to` (rows to_row apart), scaled
+// as rope_heads scales: after the rotation, or with `back` (the gradient) before it.
+template <class T>
+void rotate_rows(const Layout& l, const Rotation<T>& r, bool back, T scale, const T* from, int64_t from_row, T* to,
+                 int64_t to_row) {
+  const int64_t half = l.d / 2;
+  const T* sin = back ? r.back_sin : r.sin;
+  for (int64_t p = 0; p < l.s; ++p)
+    rope_heads(from + p * from_row, to + p * to_row, r.cos + p * half, sin + p * half, 1, half, false, scale, back);
+}
+
+// One head's rows as the products read them: in place (rows `row` apart), or with a rotation
+// rotated (and scaled) into `scratch` ([s, d], rows d apart).
+template <class T>
+struct HeadRows {
+  const T* at;
+  int64_t row;
+};
+template <class T>
+HeadRows<T> head_rows(const Layout& l, const Rotation<T>* rot, T scale, const T* x, int64_t row, T* scratch) {
+  if (!rot) return {x, row};
+  rotate_rows(l, *rot, false, scale, x, row, scratch, l.d);
+  return {scratch, l.d};
+}
+
+// The forward for batch row t and key/value head j: each head's probabilities, then its output
+// rows while they are in cache. With a rotation, the head's queries and the pair's keys are
+// rotated into `scratch` ([2, s, d]) first.
+template <class T>
+void forward_pair(const Layout& l, DType dt, const Rotation<T>* rot, const T* q, const T* k, const T* v, T* p, T* o,
+                  T* scratch, int64_t t, int64_t j) {
+  const HeadRows<T> kj = head_rows(l, rot, T(1), k + l.k_at(t, j), l.k_row(), scratch);
   for (int64_t gi = 0; gi < l.g; ++gi) {
     const int64_t i = j * l.g + gi;
+    const HeadRows<T> qi = head_rows(l, rot, rot ? rot->query_scale : T(1), q + l.q_at(t, i), l.q_row(), scratch + l.s * l.d);
     T* pb = p + l.p_at(t, j, gi);
-    head_probabilities(l, dt, q + l.q_at(t, i), k + l.k_at(t, j), pb);
+    head_probabilities(l, dt, qi.at, qi.row, kj.at, kj.row, pb);
     head_rows_times(l, dt, pb, v + l.v_at(t, j), l.v_row(), o + l.o_at(t, i), l.o_row(), l.dv);
   }
 }
 
 // The backward for batch row t and key/value head j, one head at a time with its score gradients
-// in `ds` ([s, s] scratch, in cache while dq and dk use them): dq, dk, dv where asked (nullptr
-// otherwise). dk and dv sum the group's heads in order.
+// in `scratch` ([s, s], in cache while dq and dk use them): dq, dk, dv where asked (nullptr
+// otherwise). dk and dv sum the group's heads in order. With a rotation, `scratch` holds four
+// [s, d] more after the scores: the pair's rotated keys, a head's rotated queries, its queries'
+// gradient before it is rotated back into dq, and the keys' sum before it is rotated back into dk.
 template <class T>
-void backward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v, const T* p, const T* go, T* dq,
-                   T* dk, T* dv, T* ds, int64_t t, int64_t j) {
+void backward_pair(const Layout& l, DType dt, const Rotation<T>* rot, const T* q, const T* k, const T* v, const T* p,
+                   const T* go, T* dq, T* dk, T* dv, T* scratch, int64_t t, int64_t j) {
+  const int64_t sd = l.s * l.d;
+  T* ds = scratch;
+  T* kr = scratch + l.s * l.s;
+  T* qr = kr + sd;
+  T* dqr = qr + sd;
+  T* dkr = dqr + sd;
   T* dkj = dk ? dk + l.k_at(t, j) : nullptr;
   T* dvj = dv ? dv + l.v_at(t, j) : nullptr;
+  // Where dk's sum goes: dk itself, or (rotated) dkr.
+  T* dk_sum = rot ? dkr : dkj;
+  const int64_t dk_row = rot ? l.d : l.k_row();
+  // The keys are read by dq's products only.
+  const HeadRows<T> kj = dq ? head_rows(l, rot, T(1), k + l.k_at(t, j), l.k_row(), kr) : HeadRows<T>{};
   for (int64_t pos = 0; pos < l.s; ++pos) {
-    if (dkj) std::fill_n(dkj + pos * l.k_row(), l.d, T(0));
+    if (dkj) std::fill_n(dk_sum + pos * dk_row, l.d, T(0));
     if (dvj) std::fill_n(dvj + pos * l.v_row(), l.dv, T(0));
   }
   for (int64_t gi = 0; gi < l.g; ++gi) {
@@ -165,11 +223,53 @@ void backward_pair(const Layout& l, DType dt, const T* q, const T* k, const T* v
     const T* go_i = go + l.o_at(t, i);
     if (dq || dk) {
       head_score_grads(l, dt, pb, v + l.v_at(t, j), go_i, ds);
-      if (dq) head_rows_times(l, dt, static_cast<const T*>(ds), k + l.k_at(t, j), l.k_row(), dq + l.q_at(t, i), l.q_row(), l.d);
-      if (dk) head_key_grads(l, dt, static_cast<const T*>(ds), q + l.q_at(t, i), l.q_row(), dkj, l.k_row(), l.d);
+      if (dq) {
+        T* dqi = dq + l.q_at(t, i);
+        if (rot) {
+          head_rows_times(l, dt, static_cast<const T*>(ds), kj.at, kj.row, dqr, l.d, l.d);
+          rotate_rows(l, *rot, true, rot->query_scale, static_cast<const T*>(dqr), l.d, dqi, l.q_row());
+        } else {
+          head_rows_times(l, dt, static_cast<const T*>(ds), kj.at, kj.row, dqi, l.q_row(), l.d);
+        }
+      }
+      if (dk) {
+        const HeadRows<T> qi = head_rows(l, rot, rot ? rot->query_scale : T(1), q + l.q_at(t, i), l.q_row(), qr);
+        head_key_grads(l, dt, static_cast<const T*>(ds), qi.at, qi.row, dk_sum, dk_row, l.d);
+      }
     }
     if (dv) head_key_grads(l, dt, pb, go_i, l.o_row(), dvj, l.v_row(), l.dv);
   }
+  if (rot && dkj) rotate_rows(l, *rot, true, T(1), static_cast<const T*>(dkr), l.d, dkj, l.k_row());
+}
+
+// The rotation tables of an AttentionRope for s positions of heads of d, as f32 and f64.
+struct RotationTables {
+  std::shared_ptr<const RopeTable<float>> f32, f32_back;
+  std::shared_ptr<const RopeTable<double>> f64, f64_back;
+  double query_scale = 1;
+
+  template <class T>
+  Rotation<T> get() const {
+    if constexpr (std::is_same_v<T, float>) {
+      return {f32->cos.data(), f32->sin.data(), f32_back->sin.data(), static_cast<float>(query_scale)};
+    } else {
+      return {f64->cos.data(), f64->sin.data(), f64_back->sin.data(), query_scale};
+    }
+  }
+};
+
+RotationTables rotation_tables(WorkerPool& pool, DType dt, int64_t s, int64_t d, const AttentionRope& rope) {
+  const std::vector<double> freq = default_rope_frequencies(rope.max_timescale, d);
+  RotationTables t;
+  t.query_scale = rope.query_scale;
+  if (dt == DType::kF32) {
+    t.f32 = rope_table<float>(pool, s, freq, 1.0);
+    t.f32_back = rope_table<float>(pool, s, freq, -1.0);
+  } else {
+    t.f64 = rope_table<double>(pool, s, freq, 1.0);
+    t.f64_back = rope_table<double>(pool, s, freq, -1.0);
+  }
+  return t;
 }
 
 }  // namespace
@@ -185,10 +285,20 @@ void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
                      "got " + q.to_string() + ", " + k.to_string() + ", " + v.to_string());
 }
 
-Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t window) {
+namespace {
+
+Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t window, const AttentionRope* rope) {
   check_attention_shapes(q_in, k_in, v_in);
   if (window < 0) throw ValueError("causal_attention: the window must not be negative, got " + std::to_string(window));
   const int64_t b = q_in.shape()[0], s = q_in.shape()[1], h = q_in.shape()[2], d = q_in.shape()[3];
+  if (rope) {
+    if (!(rope->max_timescale > 0) || !std::isfinite(rope->max_timescale))
+      throw ValueError("causal_attention: rope's max_timescale must be positive, got " + std::to_string(rope->max_timescale));
+    if (!std::isfinite(rope->query_scale))
+      throw ValueError("causal_attention: rope's query_scale must be finite, got " + std::to_string(rope->query_scale));
+    if (d % 2 != 0)
+      throw ValueError("causal_attention: rope pairs the halves of head_dim, which must be even, got " + q_in.to_string());
+  }
   const int64_t kv = k_in.shape()[2], g = h / kv, dv = v_in.shape()[3];
   const Tensor q0 = reduce_raw(q_in, nullptr), k0 = reduce_raw(k_in, nullptr), v0 = reduce_raw(v_in, nullptr);
   const Mesh& mesh = q0.mesh();
@@ -205,6 +315,10 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
   const Tensor v = reshard_raw(v0, in_sharding).with_node(nullptr);
   const DType dt = q.dtype();
   const Shape probs_shape{b, kv, g, s, s};
+  const bool rotates = rope != nullptr;
+  const RotationTables tables = rotates && !q.is_abstract()
+                                    ? rotation_tables(q.shards().runtime().pool(), dt, s, d, *rope)
+                                    : RotationTables{};
   // A device's layout from its block of an array whose dimension 2 counts `per_kv` of each
   // key/value head: q, dq and o (g), k, v, dk and dv (1).
   auto layout = [=](const Box& box, int64_t per_kv) {
@@ -222,9 +336,11 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
       [&](int64_t device, const std::vector<Box>& boxes, const std::vector<std::byte*>& outs) {
         const Layout l = layout(boxes[1], g);
         dispatch_float(dt, [&](auto zero) {
-          for_pairs<decltype(zero)>(l, 0, [&](int64_t t, int64_t j, auto*) {
-            forward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero), as(outs[0], zero),
-                         as(outs[1], zero), t, j);
+          using T = decltype(zero);
+          const Rotation<T> rot = rotates ? tables.get<T>() : Rotation<T>{};
+          for_pairs<T>(l, rotates ? 2 * s * d : 0, [&](int64_t t, int64_t j, T* scratch) {
+            forward_pair(l, dt, rotates ? &rot : nullptr, in(q, device, zero), in(k, device, zero), in(v, device, zero),
+                         as(outs[0], zero), as(outs[1], zero), scratch, t, j);
           });
         });
       });
@@ -247,10 +363,12 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
             T* dq = nq ? as(outs[next++], zero) : nullptr;
             T* dk = nk ? as(outs[next++], zero) : nullptr;
             T* dvb = nv ? as(outs[next++], zero) : nullptr;
-            // The scratch: one head's score gradients.
-            for_pairs<T>(l, nq || nk ? l.s * l.s : 0, [&](int64_t t, int64_t j, T* ds) {
-              backward_pair(l, dt, in(q, device, zero), in(k, device, zero), in(v, device, zero), in(p, device, zero),
-                            in(go, device, zero), dq, dk, dvb, ds, t, j);
+            const Rotation<T> rot = rotates ? tables.get<T>() : Rotation<T>{};
+            // The scratch: one head's score gradients, and with a rotation four [s, d] more.
+            const int64_t scratch = nq || nk ? l.s * l.s + (rotates ? 4 * l.s * l.d : 0) : 0;
+            for_pairs<T>(l, scratch, [&](int64_t t, int64_t j, T* ds) {
+              backward_pair(l, dt, rotates ? &rot : nullptr, in(q, device, zero), in(k, device, zero), in(v, device, zero),
+                            in(p, device, zero), in(go, device, zero), dq, dk, dvb, ds, t, j);
             });
           });
         });
@@ -258,6 +376,16 @@ Tensor causal_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
     Tensor dq = nq ? grads[next++] : Tensor(), dk = nk ? grads[next++] : Tensor(), dvt = nv ? grads[next++] : Tensor();
     return std::vector<Tensor>{dq, dk, dvt};
   });
+}
+
+}  // namespace
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window) {
+  return attention(q, k, v, window, nullptr);
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window, const AttentionRope& rope) {
+  return attention(q, k, v, window, &rope);
 }
 
 }  // namespace tessel::ops

@@ -18,9 +18,22 @@
 
 namespace tessel::ops {
 
+// Rotary embeddings the op applies itself as it reads q and k: MaxText's default rope (the halves of
+// head_dim paired; pair k at position p turned by p / max_timescale^(2k/d)), the queries then times
+// query_scale. The result and the gradients are the bits of
+//   causal_attention(rope(q, 1, max_timescale, query_scale), rope(k, 1, max_timescale), v)
+// without the rotated copies of q and k that the rope ops write and read back, forward and backward.
+struct AttentionRope {
+  double max_timescale = 10000;
+  double query_scale = 1;
+};
+
 // The queries arrive scaled. window > 0: each query sees only the last `window` positions (itself
 // included). Throws ValueError when kv does not divide h or the shapes disagree.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window = 0);
+// The same with q and k rotated inside the op (AttentionRope); throws ValueError too for an odd
+// head_dim or a max_timescale that is not positive.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t window, const AttentionRope& rope);
 
 // Throws that ValueError unless q [b, s, h, d], k [b, s, kv, d] and v [b, s, kv, dv] fit, kv
 // dividing h (one dtype, one mesh).

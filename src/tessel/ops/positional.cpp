@@ -2,9 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <list>
 #include <memory>
-#include <mutex>
 #include <numbers>
 #include <numeric>
 #include <optional>
@@ -15,6 +13,7 @@
 #include "tessel/ops/detail/node.h"
 #include "tessel/ops/detail/propagation.h"
 #include "tessel/ops/detail/rope_kernels.h"
+#include "tessel/ops/detail/rope_tables.h"
 #include "tessel/ops/ops.h"
 #include "tessel/runtime/worker_pool.h"
 
@@ -70,76 +69,15 @@ double rope_frequency(const RopeStyle& style, int64_t k, int64_t d) {
   return (1 - smooth) * freq / kFactor + smooth * freq;
 }
 
-// cos and sign * sin of every position's angles, [seq, half] each, computed once for all blocks
-// (devices that hold the same positions share it), positions spread over the cores.
+// The cached table of a style's frequencies for positions [0, seq) of heads of d.
 template <class T>
-struct RopeTable {
-  std::vector<T> cos, sin;
-};
-
-template <class T>
-RopeTable<T> compute_rope_table(WorkerPool& pool, int64_t seq, const std::vector<double>& freq, double sign) {
-  const auto half = static_cast<int64_t>(freq.size());
-  RopeTable<T> t{std::vector<T>(static_cast<size_t>(seq * half)), std::vector<T>(static_cast<size_t>(seq * half))};
-  constexpr int64_t kGrain = 16;  // positions per task
-  pool.parallel_for((seq + kGrain - 1) / kGrain, [&](int64_t p) {
-    for (int64_t s = p * kGrain; s < std::min(seq, (p + 1) * kGrain); ++s) {
-      for (int64_t k = 0; k < half; ++k) {
-        const double angle = static_cast<double>(s) * freq[k];
-        t.cos[s * half + k] = static_cast<T>(std::cos(angle));
-        t.sin[s * half + k] = static_cast<T>(sign * std::sin(angle));
-      }
-    }
-  });
-  return t;
-}
-
-// The tables last asked for, by their exact frequencies, length and sign: a training step asks for
-// the same few again and again (each layer's queries and keys, forward and back), and a table's
-// sines and cosines took longer than the rotation itself.
-template <class T>
-class RopeTableCache {
- public:
-  std::shared_ptr<const RopeTable<T>> get(WorkerPool& pool, int64_t seq, const std::vector<double>& freq,
-                                          double sign) {
-    {
-      std::lock_guard lock(mu_);
-      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        if (it->seq == seq && it->sign == sign && it->freq == freq) {
-          entries_.splice(entries_.begin(), entries_, it);  // most recent first
-          return entries_.front().table;
-        }
-      }
-    }
-    // Computed outside the lock: the pool's tasks must not wait on it.
-    auto table = std::make_shared<const RopeTable<T>>(compute_rope_table<T>(pool, seq, freq, sign));
-    if (seq * static_cast<int64_t>(freq.size()) > kMaxElements) return table;
-    std::lock_guard lock(mu_);
-    entries_.push_front({seq, sign, freq, table});
-    if (entries_.size() > kMaxEntries) entries_.pop_back();
-    return table;
-  }
-
- private:
-  static constexpr size_t kMaxEntries = 8;
-  static constexpr int64_t kMaxElements = int64_t{1} << 20;  // per table: 8 MiB of cos and sin as float
-  struct Entry {
-    int64_t seq;
-    double sign;
-    std::vector<double> freq;
-    std::shared_ptr<const RopeTable<T>> table;
-  };
-  std::mutex mu_;
-  std::list<Entry> entries_;
-};
-
-template <class T>
-std::shared_ptr<const RopeTable<T>> rope_table(WorkerPool& pool, int64_t seq, int64_t d, double sign,
-                                               const RopeStyle& style) {
+std::shared_ptr<const RopeTable<T>> style_table(WorkerPool& pool, int64_t seq, int64_t d, double sign,
+                                                const RopeStyle& style) {
+  if (!style.yarn && !style.llama3_scaling)
+    return rope_table<T>(pool, seq, default_rope_frequencies(style.max_timescale, d), sign);
   std::vector<double> freq(static_cast<size_t>(d / 2));
   for (int64_t k = 0; k < d / 2; ++k) freq[k] = rope_frequency(style, k, d);
-  static RopeTableCache<T> cache;
-  return cache.get(pool, seq, freq, sign);
+  return rope_table<T>(pool, seq, freq, sign);
 }
 
 // `scale` multiplies the rotation's output, or with `scale_input` its input (the gradient).
@@ -175,7 +113,7 @@ Tensor rope_raw(const Tensor& x, size_t seq_dim, double sign, const RopeStyle& s
   dispatch_float(placed.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const auto table = placed.is_abstract() ? std::make_shared<const RopeTable<T>>()
-                                            : rope_table<T>(placed.shards().runtime().pool(), placed.shape()[seq_dim],
+                                            : style_table<T>(placed.shards().runtime().pool(), placed.shape()[seq_dim],
                                                             placed.shape()[placed.rank() - 1], sign, style);
     out = output(placed, placed.shape(), placed.dtype(), placed.sharding(), placed.partial(),
                   [&](int64_t device, const Box& box, std::byte* o) {
