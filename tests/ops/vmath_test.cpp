@@ -2,6 +2,7 @@
 // subnormal results, which products pay for a hundredfold on some CPUs; the causal softmax's
 // masked probabilities are exact zeros, as in JAX; whole arrays (computed a block of elements at a
 // time) and single elements give the same bits.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tessel/ops/detail/rows.h"
 #include "tessel/ops/detail/vmath.h"
 #include "tessel/ops/ops.h"
 #include "tessel/runtime/runtime.h"
@@ -71,6 +73,31 @@ TEST(Vmath, WholeArraysAndSingleElementsGiveTheSameBits) {
       ASSERT_EQ(std::memcmp(&whole[static_cast<size_t>(i)], &single[static_cast<size_t>(i)], 4), 0)
           << name << " of " << x[static_cast<size_t>(i)] << ": " << whole[static_cast<size_t>(i)] << " against "
           << single[static_cast<size_t>(i)];
+  }
+}
+
+// exp_shifted_sum_f32 (softmax's rows) in one pass: the bits of subtracting m, exp_f32 and a sum in
+// rows.h's lanes, for rows of every length across the 32-element blocks and the 16 lanes, in place
+// or not.
+TEST(Vmath, ShiftedExpAndItsSumHaveTheBitsOfThreePasses) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 8.0f);
+  for (int64_t n = 0; n <= 130; ++n) {
+    SCOPED_TRACE(testing::Message() << "n = " << n);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = dist(rng);
+    const float m = n ? *std::max_element(x.begin(), x.end()) : 0.0f;
+    std::vector<float> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] - m;
+    ops::detail::exp_f32(want.data(), want.data(), n);
+    const float want_sum = ops::detail::reduce_lanes(n, 0.0f, [&](int64_t i) { return want[i]; }, ops::detail::kPlus);
+    std::vector<float> out(x.size());
+    const float sum = ops::detail::exp_shifted_sum_f32(x.data(), m, out.data(), n);
+    EXPECT_EQ(std::memcmp(&sum, &want_sum, sizeof(float)), 0) << sum << " against " << want_sum;
+    EXPECT_EQ(std::memcmp(out.data(), want.data(), x.size() * sizeof(float)), 0);
+    std::vector<float> in_place = x;
+    EXPECT_EQ(ops::detail::exp_shifted_sum_f32(in_place.data(), m, in_place.data(), n), want_sum);
+    EXPECT_EQ(std::memcmp(in_place.data(), want.data(), x.size() * sizeof(float)), 0);
   }
 }
 

@@ -21,13 +21,13 @@ template <class T>
     T* out = y + r * n;
     const T m = reduce_lanes(n, -std::numeric_limits<T>::infinity(), [in](int64_t i) { return in[i]; },
                              [](T a, T b) { return std::max(a, b); });
-    for (int64_t i = 0; i < n; ++i) out[i] = in[i] - m;
+    T z;
     if constexpr (std::is_same_v<T, float>) {
-      exp_f32(out, out, n);
+      z = exp_shifted_sum_f32(in, m, out, n);
     } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = std::exp(out[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = std::exp(in[i] - m);
+      z = reduce_lanes(n, T(0), [out](int64_t i) { return out[i]; }, kPlus);
     }
-    const T z = reduce_lanes(n, T(0), [out](int64_t i) { return out[i]; }, kPlus);
     const T inv = T(1) / z;
     for (int64_t i = 0; i < n; ++i) out[i] *= inv;
   }

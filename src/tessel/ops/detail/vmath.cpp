@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tessel/detail/vector_clones.h"
+#include "tessel/ops/detail/rows.h"
 
 namespace tessel::ops::detail {
 namespace {
@@ -74,6 +75,29 @@ TESSEL_VECTOR_CLONES void exp_f32(const float* x, float* out, int64_t n) {
   with_exp(n - whole, [&](int64_t i) { return x[whole + i]; }, [&](int64_t i, float e) { out[whole + i] = e; });
 }
 
+TESSEL_VECTOR_CLONES float exp_shifted_sum_f32(const float* x, float m, float* out, int64_t n) {
+  // Lane j sums elements j, j + kLanes, ... in order, as reduce_lanes does: a block of kBlock
+  // elements starts at a multiple of kLanes.
+  static_assert(kBlock % kLanes == 0);
+  float acc[kLanes] = {};
+  const int64_t whole = n / kBlock * kBlock;
+  for (int64_t i = 0; i < whole; i += kBlock) {
+    float u[kBlock], e[kBlock];
+    for (int64_t k = 0; k < kBlock; ++k) u[k] = x[i + k] - m;
+    exp_block(u, e);
+    for (int64_t k = 0; k < kBlock; ++k) out[i + k] = e[k];
+    for (int64_t h = 0; h < kBlock; h += kLanes)
+      for (int j = 0; j < kLanes; ++j) acc[j] += e[h + j];
+  }
+  with_exp(n - whole, [&](int64_t i) { return x[whole + i] - m; }, [&](int64_t i, float e) {
+    out[whole + i] = e;
+    acc[i % kLanes] += e;
+  });
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
+  return acc[0];
+}
+
 TESSEL_VECTOR_CLONES void gelu_f32(const float* x, float* out, int64_t n) {
   with_exp(n, [&](int64_t i) { return gelu_exp_arg(x[i]); },
            [&](int64_t i, float e) { out[i] = 0.5f * x[i] * (1.0f + tanh_from_exp(e)); });
@@ -116,13 +140,13 @@ TESSEL_VECTOR_CLONES void row_sums_f32(const float* x, float* out, int64_t rows,
 // cycle, the global norm 2% of DotReluDot's step). The lanes are added pairwise in a fixed order,
 // whatever the vector width.
 TESSEL_VECTOR_CLONES double sum_squares_f32(const float* x, int64_t n) {
-  constexpr int kLanes = 32;
-  double acc[kLanes] = {};
+  constexpr int kSquareLanes = 32;
+  double acc[kSquareLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int k = 0; k < kLanes; ++k) acc[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  for (; i + kSquareLanes <= n; i += kSquareLanes) {
+    for (int k = 0; k < kSquareLanes; ++k) acc[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
   }
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
+  for (int width = kSquareLanes / 2; width >= 1; width /= 2) {
     for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
   }
   double total = acc[0];

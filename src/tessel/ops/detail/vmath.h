@@ -10,6 +10,9 @@ namespace tessel::ops::detail {
 void exp_f32(const float* x, float* out, int64_t n);
 void gelu_f32(const float* x, float* out, int64_t n);
 void silu_f32(const float* x, float* out, int64_t n);
+// out[i] = e^(x[i] - m), and the sum of out in rows.h's lanes (reduce_lanes' order): the bits of
+// a pass subtracting m, exp_f32, and reduce_lanes over its result, in one pass (softmax's rows).
+float exp_shifted_sum_f32(const float* x, float m, float* out, int64_t n);
 // out = g * f'(x)
 void gelu_grad_f32(const float* x, const float* g, float* out, int64_t n);
 void silu_grad_f32(const float* x, const float* g, float* out, int64_t n);
