@@ -19,12 +19,13 @@ namespace {
 constexpr int64_t kCacheMin = int64_t{1} << 20;
 constexpr int64_t kAlign = 64;
 
-// Buffers from 4 MiB up are placed on 2 MiB boundaries and marked for transparent huge pages:
+// Buffers from 2 MiB up are placed on 2 MiB boundaries and marked for transparent huge pages:
 // first-touch faults of fresh 4 KiB pages otherwise dominate filling a large shard (restore, init);
-// a restore of 16 MiB shards runs about 2.5x faster on huge pages. Sizes are rounded to whole huge
-// pages only from 32 MiB up (at most 6% more), so that freed blocks of near sizes are reused;
-// below that the partial huge page at the end stays in small pages.
-constexpr int64_t kHugeMin = int64_t{4} << 20;
+// a restore of 16 MiB shards runs about 2.5x faster on huge pages, and a training step's activations
+// (the LM's [2048, 256] are 2 MiB each) are read back from memory with one TLB entry each. Sizes are
+// rounded to whole huge pages only from 32 MiB up (at most 6% more), so that freed blocks of near
+// sizes are reused; below that the partial huge page at the end stays in small pages.
+constexpr int64_t kHugeMin = int64_t{2} << 20;
 constexpr int64_t kHugeRound = int64_t{32} << 20;
 constexpr int64_t kHugePage = int64_t{2} << 20;
 
