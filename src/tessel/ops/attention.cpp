@@ -156,10 +156,7 @@ struct Rotation {
 template <class T>
 void rotate_rows(const Layout& l, const Rotation<T>& r, bool back, T scale, const T* from, int64_t from_row, T* to,
                  int64_t to_row) {
-  const int64_t half = l.d / 2;
-  const T* sin = back ? r.back_sin : r.sin;
-  for (int64_t p = 0; p < l.s; ++p)
-    rope_heads(from + p * from_row, to + p * to_row, r.cos + p * half, sin + p * half, 1, half, false, scale, back);
+  rope_rows(from, from_row, to, to_row, r.cos, back ? r.back_sin : r.sin, l.s, l.d / 2, scale, back);
 }
 
 // One head's rows as the products read them: in place (rows `row` apart), or with a rotation

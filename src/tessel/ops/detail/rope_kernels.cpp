@@ -42,7 +42,24 @@ template <class T>
   }
 }
 
+template <class T>
+[[gnu::always_inline]] inline void rotate_rows(const T* x, int64_t x_row, T* y, int64_t y_row, const T* c, const T* s,
+                                               int64_t rows, int64_t half, T scale, bool scale_input) {
+  for (int64_t p = 0; p < rows; ++p)
+    rotate_scaled(x + p * x_row, y + p * y_row, c + p * half, s + p * half, 1, half, false, scale, scale_input);
+}
+
 }  // namespace
+
+TESSEL_VECTOR_CLONES void rope_rows(const float* x, int64_t x_row, float* y, int64_t y_row, const float* cos,
+                                    const float* sin, int64_t rows, int64_t half, float scale, bool scale_input) {
+  rotate_rows(x, x_row, y, y_row, cos, sin, rows, half, scale, scale_input);
+}
+
+TESSEL_VECTOR_CLONES void rope_rows(const double* x, int64_t x_row, double* y, int64_t y_row, const double* cos,
+                                    const double* sin, int64_t rows, int64_t half, double scale, bool scale_input) {
+  rotate_rows(x, x_row, y, y_row, cos, sin, rows, half, scale, scale_input);
+}
 
 TESSEL_VECTOR_CLONES void rope_heads(const float* x, float* y, const float* cos, const float* sin, int64_t heads,
                                      int64_t half, bool interleaved, float scale, bool scale_input) {

@@ -17,4 +17,12 @@ void rope_heads(const float* x, float* y, const float* cos, const float* sin, in
 void rope_heads(const double* x, double* y, const double* cos, const double* sin, int64_t heads, int64_t half,
                 bool interleaved, double scale, bool scale_input);
 
+// The same for one head (halves paired) at positions 0 to rows - 1: row p of x (x_row elements
+// apart) into row p of y (y_row apart), turned by row p of cos and sin (half elements apart).
+// The bits of rope_heads row by row.
+void rope_rows(const float* x, int64_t x_row, float* y, int64_t y_row, const float* cos, const float* sin, int64_t rows,
+               int64_t half, float scale, bool scale_input);
+void rope_rows(const double* x, int64_t x_row, double* y, int64_t y_row, const double* cos, const double* sin,
+               int64_t rows, int64_t half, double scale, bool scale_input);
+
 }  // namespace tessel::ops::detail
