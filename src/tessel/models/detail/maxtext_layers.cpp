@@ -165,21 +165,38 @@ Tensor rms_norm_forward(const MaxTextConfig& c, const Weights& norm, const Tenso
   return ops::rms_norm(x, scale, c.normalization_layer_epsilon);
 }
 
-Tensor rope_forward(const MaxTextConfig& c, const Tensor& x) {
-  // MaxText's choice (attentions.py, init_rotary_embedding) for these families.
+namespace {
+
+enum class RopeKind { kDefault, kLlama31, kYarn };
+
+// MaxText's choice (attentions.py, init_rotary_embedding) for these families; throws for what
+// tessel's forward pass does not have.
+RopeKind rope_kind(const MaxTextConfig& c) {
   const bool llama31 = c.model_name.starts_with("llama3.1") || c.rope_type.starts_with("llama3.1");
   const bool yarn = !llama31 && c.rope_type.starts_with("yarn");
   if (!llama31 && !yarn && c.rope_type != "default")
     throw ValueError("rope_type '" + c.rope_type + "': tessel's forward pass has the default, llama3.1 and yarn ropes");
   if (c.rope_min_timescale != 1 || (!llama31 && !yarn && c.rope_linear_scaling_factor != 1))
     throw ValueError("rope_min_timescale and rope_linear_scaling_factor other than 1 are not in tessel's forward pass yet");
-  if (yarn)
-    return ops::yarn_rope(x, 1, {.max_timescale = c.rope_max_timescale, .factor = c.rope_factor,
-                                 .beta_fast = c.beta_fast, .beta_slow = c.beta_slow,
-                                 .original_max_position = c.original_max_position_embeddings,
-                                 .interleave = c.rope_interleave, .truncate = c.rope_truncate,
-                                 .attention_scaling = c.rope_attention_scaling});
-  return llama31 ? ops::llama_rope(x, 1, c.rope_max_timescale, c.rope_use_scale) : ops::rope(x, 1, c.rope_max_timescale);
+  return llama31 ? RopeKind::kLlama31 : yarn ? RopeKind::kYarn : RopeKind::kDefault;
+}
+
+}  // namespace
+
+Tensor rope_forward(const MaxTextConfig& c, const Tensor& x) {
+  switch (rope_kind(c)) {
+    case RopeKind::kYarn:
+      return ops::yarn_rope(x, 1, {.max_timescale = c.rope_max_timescale, .factor = c.rope_factor,
+                                   .beta_fast = c.beta_fast, .beta_slow = c.beta_slow,
+                                   .original_max_position = c.original_max_position_embeddings,
+                                   .interleave = c.rope_interleave, .truncate = c.rope_truncate,
+                                   .attention_scaling = c.rope_attention_scaling});
+    case RopeKind::kLlama31:
+      return ops::llama_rope(x, 1, c.rope_max_timescale, c.rope_use_scale);
+    case RopeKind::kDefault:
+      break;
+  }
+  return ops::rope(x, 1, c.rope_max_timescale);
 }
 
 Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale,
@@ -198,12 +215,17 @@ Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor&
     q = rms_norm_forward(c, sub(w, "query_norm"), q);
     k = rms_norm_forward(c, sub(w, "key_norm"), k);
   }
-  q = rope_forward(c, q);
-  k = rope_forward(c, k);
-  if (query_scale != 1.0) q = ops::scale(q, query_scale);
   nn::AttentionOptions options;
   options.window = window;
   if (c.attention_sink) options.sinks = w("sinks");
+  if (rope_kind(c) == RopeKind::kDefault) {
+    // Rotated and scaled inside the attention op: the bits of the rope and scale ops below.
+    options.rope = ops::AttentionRope{.max_timescale = c.rope_max_timescale, .query_scale = query_scale};
+  } else {
+    q = rope_forward(c, q);
+    k = rope_forward(c, k);
+    if (query_scale != 1.0) q = ops::scale(q, query_scale);
+  }
   const Tensor merged = nn::causal_attention(q, k, v, options);
   Tensor out = ops::dot(merged, ops::reshape(w("out/kernel"), Shape{h * d, e}));
   if (c.attention_bias) out = ops::add(out, w("out/bias"));

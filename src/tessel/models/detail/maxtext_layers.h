@@ -84,7 +84,9 @@ Tensor rope_forward(const MaxTextConfig& c, const Tensor& x);
 // grouped-query when num_kv_heads < num_query_heads; `qk_norm` applies query_norm/key_norm,
 // `query_scale` multiplies the rotated queries (qwen3's head_dim^-0.5; llama2 folds it into init).
 // With attention_bias the projections add their biases; with attention_sink the softmax has
-// each head's sink; `window` > 0 makes it sliding (gpt-oss's LOCAL_SLIDING layers).
+// each head's sink; `window` > 0 makes it sliding (gpt-oss's LOCAL_SLIDING layers). With the
+// default rope, q and k are rotated (and the queries scaled) inside the attention op, with the bits
+// of rope_forward and a scale.
 Tensor attention_forward(const MaxTextConfig& c, const Weights& w, const Tensor& x, bool qk_norm, double query_scale,
                          int64_t window = 0);
 // Multi-head latent attention (attention_mla.py): low-rank queries (wq_a, q_norm, wq_b; or query)
