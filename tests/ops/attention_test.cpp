@@ -248,18 +248,18 @@ TEST(Attention, HeadsOfWidthZero) {
   }
 }
 
-// Rotary embeddings inside the op: the output and every gradient (all three asked together, or dq
-// or dk alone, whose paths rotate different operands) have the bits of the rope ops followed by the
-// op, on random meshes, in f32 and f64, grouped-query, windows, sequences across the 64-query
-// blocks; an odd head_dim or a bad max_timescale is refused.
+// Rotary embeddings inside the op: the output and every gradient (all three asked together, or dq,
+// dk or dv alone, whose paths rotate different operands) have the bits of the rope ops followed by
+// the op, on random meshes, in f32 and f64, grouped-query, windows, sequences across the 64-query
+// blocks, heads of width 0 to 64; an odd head_dim or a bad max_timescale is refused.
 TEST(Attention, RopeInsideHasTheBitsOfTheRopeOps) {
   Runtime rt = Runtime::host(8);
   std::mt19937 rng(47);
-  const int64_t lengths[] = {9, 70, 130}, widths[] = {2, 16, 64};
-  for (int iter = 0; iter < 9; ++iter) {
+  const int64_t lengths[] = {9, 70, 130}, widths[] = {2, 16, 64, 0};
+  for (int iter = 0; iter < 12; ++iter) {
     const Mesh mesh = testing::random_mesh(rng);
     const DType dtype = iter % 2 ? DType::kF64 : DType::kF32;
-    const int64_t s = lengths[iter % 3], d = widths[(iter / 3) % 3], kv = iter % 3 == 1 ? 1 : 2;
+    const int64_t s = lengths[iter % 3], d = widths[iter / 3], kv = iter % 3 == 1 ? 1 : 2;
     const int64_t window = iter % 4 == 3 ? 20 : 0;
     const ops::AttentionRope rope{.max_timescale = iter % 2 ? 500.0 : 10000.0,
                                   .query_scale = std::uniform_real_distribution<double>(0.1, 2.0)(rng)};
@@ -289,7 +289,7 @@ TEST(Attention, RopeInsideHasTheBitsOfTheRopeOps) {
       return out;
     };
     for (std::array<bool, 3> want : {std::array{true, true, true}, std::array{true, false, false},
-                                     std::array{false, true, false}}) {
+                                     std::array{false, true, false}, std::array{false, false, true}}) {
       const auto fused = run(true, want), composite = run(false, want);
       ASSERT_EQ(fused.size(), composite.size());
       for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i], composite[i]) << (i == 0 ? "output" : "gradient");

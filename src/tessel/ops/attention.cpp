@@ -197,12 +197,13 @@ void forward_pair(const Layout& l, DType dt, const Rotation<T>* rot, const T* q,
 template <class T>
 void backward_pair(const Layout& l, DType dt, const Rotation<T>* rot, const T* q, const T* k, const T* v, const T* p,
                    const T* go, T* dq, T* dk, T* dv, T* scratch, int64_t t, int64_t j) {
-  const int64_t sd = l.s * l.d;
+  // The scratch's parts; with neither dq nor dk asked, there is none.
+  auto part = [&](int64_t at) { return dq || dk ? scratch + l.s * l.s + at * l.s * l.d : nullptr; };
   T* ds = scratch;
-  T* kr = scratch + l.s * l.s;
-  T* qr = kr + sd;
-  T* dqr = qr + sd;
-  T* dkr = dqr + sd;
+  T* kr = part(0);
+  T* qr = part(1);
+  T* dqr = part(2);
+  T* dkr = part(3);
   T* dkj = dk ? dk + l.k_at(t, j) : nullptr;
   T* dvj = dv ? dv + l.v_at(t, j) : nullptr;
   // Where dk's sum goes: dk itself, or (rotated) dkr.
