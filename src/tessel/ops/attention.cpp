@@ -182,7 +182,8 @@ void forward_pair(const Layout& l, DType dt, const Rotation<T>* rot, const T* q,
   const HeadRows<T> kj = head_rows(l, rot, T(1), k + l.k_at(t, j), l.k_row(), scratch);
   for (int64_t gi = 0; gi < l.g; ++gi) {
     const int64_t i = j * l.g + gi;
-    const HeadRows<T> qi = head_rows(l, rot, rot ? rot->query_scale : T(1), q + l.q_at(t, i), l.q_row(), scratch + l.s * l.d);
+    const HeadRows<T> qi =
+        head_rows(l, rot, rot ? rot->query_scale : T(1), q + l.q_at(t, i), l.q_row(), rot ? scratch + l.s * l.d : nullptr);
     T* pb = p + l.p_at(t, j, gi);
     head_probabilities(l, dt, qi.at, qi.row, kj.at, kj.row, pb);
     head_rows_times(l, dt, pb, v + l.v_at(t, j), l.v_row(), o + l.o_at(t, i), l.o_row(), l.dv);
@@ -197,8 +198,8 @@ void forward_pair(const Layout& l, DType dt, const Rotation<T>* rot, const T* q,
 template <class T>
 void backward_pair(const Layout& l, DType dt, const Rotation<T>* rot, const T* q, const T* k, const T* v, const T* p,
                    const T* go, T* dq, T* dk, T* dv, T* scratch, int64_t t, int64_t j) {
-  // The scratch's parts; with neither dq nor dk asked, there is none.
-  auto part = [&](int64_t at) { return dq || dk ? scratch + l.s * l.s + at * l.s * l.d : nullptr; };
+  // The rotation's parts of the scratch (with neither dq nor dk asked, there is no scratch).
+  auto part = [&](int64_t at) { return rot && (dq || dk) ? scratch + l.s * l.s + at * l.s * l.d : nullptr; };
   T* ds = scratch;
   T* kr = part(0);
   T* qr = part(1);
