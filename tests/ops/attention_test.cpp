@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -302,6 +303,9 @@ TEST(Attention, RopeInsideHasTheBitsOfTheRopeOps) {
   const Tensor even = put(rt, random_host(rng, {1, 4, 2, 4}), NamedSharding(mesh, {}));
   EXPECT_THAT([&] { ops::causal_attention(even, even, even, 0, ops::AttentionRope{.max_timescale = 0}); },
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("max_timescale must be positive")));
+  EXPECT_THAT([&] {
+    ops::causal_attention(even, even, even, 0, ops::AttentionRope{.query_scale = std::numeric_limits<double>::infinity()});
+  }, ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr("query_scale must be finite")));
 }
 
 // nn::causal_attention with rope: the fused op's bits without sinks; with sinks, the composite over
