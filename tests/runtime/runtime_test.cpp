@@ -1,6 +1,9 @@
 #include "tessel/runtime/runtime.h"
 
 #include <atomic>
+#include <chrono>
+#include <ctime>
+#include <thread>
 #include <cstdlib>
 #include <stdexcept>
 #include <vector>
@@ -138,6 +141,23 @@ TEST(WorkerPool, NestedCallsRunInline) {
   std::atomic<int> inner{0};
   pool.parallel_for(4, [&](int64_t) { pool.parallel_for(4, [&](int64_t) { inner++; }); });
   EXPECT_EQ(inner.load(), 16);
+}
+
+// Workers poll for the next job for about a millisecond after each one, then sleep: an idle pool
+// burns no CPU (polling for good would cost 3 cores here).
+TEST(WorkerPool, AnIdlePoolSleeps) {
+  WorkerPool pool(4);
+  std::atomic<int> ran{0};
+  pool.parallel_for(64, [&](int64_t) { ran++; });
+  EXPECT_EQ(ran.load(), 64);
+  auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  const double cpu0 = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LT(cpu_seconds() - cpu0, 0.1) << "the pool's threads kept running while it was idle";
 }
 
 TEST(DeviceMemory, AccountsInUsePeakAndHolders) {
