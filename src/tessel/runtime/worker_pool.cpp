@@ -11,9 +11,10 @@ thread_local bool t_in_pool = false;  // set while a thread runs a job's tasks
 // between them) a few hundred, and waking a sleeping thread takes tens of microseconds on a VM, on
 // the step's critical path: before sleeping, a worker polls this long for the next job, and the
 // caller this long for the workers to finish. At 100 us the LM's worker slept through many of its
-// step's gaps (1 ms: the LM's 1-device step 1.07x faster, A/B of 160 rounds). After the first
-// kPauseSpin the thread yields between polls, so that on a busy machine (more runnable threads
-// than cores: ctest -j, several processes per host) the wait gives its core away.
+// step's gaps (1 ms: its 1-device step 1.01x and 1.07x faster in two A/B runs of 160 rounds, the
+// more the busier the machine). After the first kPauseSpin the thread yields between polls, so
+// that on a busy machine (more runnable threads than cores: ctest -j, several processes per host)
+// the wait gives its core away.
 constexpr auto kSpin = std::chrono::microseconds(1000);
 constexpr auto kPauseSpin = std::chrono::microseconds(50);
 
