@@ -2,10 +2,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <ctime>
-#include <thread>
 #include <cstdlib>
+#include <ctime>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
