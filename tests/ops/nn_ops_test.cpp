@@ -329,6 +329,35 @@ TEST(NnOps, RmsNormHasTheScalarFormulasBits) {
   }
 }
 
+// x's gradient from a residual add and from the RMSNorm reading x (a transformer block's residual
+// stream): RMSNorm's backward adds the gradient x has gathered so far as it writes its own. The
+// total has the bits of the two gradients taken apart and added, in f32 and f64, on random meshes
+// and shardings of x's rows (where the gathered gradient is split otherwise than x, the sum is taken
+// apart).
+TEST(NnOps, RmsNormFoldsTheResidualGradientInToTheBit) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(57);
+  for (int iter = 0; iter < 12; ++iter) {
+    const Mesh mesh = iter < 2 ? Mesh::parse("data=1") : testing::random_mesh(rng);
+    const DType dtype = iter % 2 ? DType::kF64 : DType::kF32;
+    SCOPED_TRACE(mesh.to_string() + " " + std::string(name(dtype)));
+    const Host x = random_host(rng, {4, 3, 16}), w = random_host(rng, {4, 3, 16}), scale = random_host(rng, {16});
+    // Whole rows: the fused kernel's case (a split last dimension takes RMSNorm's composite path,
+    // whose graph sums x's gradient from several ops, in an order of its own).
+    std::vector<DimSharding> dims = iter < 2 ? std::vector<DimSharding>(3) : testing::random_spec(rng, mesh, 3).dims();
+    dims[2] = {};
+    const NamedSharding xs(mesh, PartitionSpec(dims));
+    const Tensor tx = ops::requires_grad(ops::cast(put(rt, x, xs), dtype));
+    const Tensor tw = ops::cast(put(rt, w, xs), dtype);
+    const Tensor ts = ops::cast(put(rt, scale, NamedSharding(mesh, {})), dtype);
+    const Tensor normed = ops::rms_norm(tx, ts, 1e-5);
+    const Tensor both = ops::grad(ops::sum(ops::mul(ops::add(tx, normed), tw)), {tx})[0];
+    const Tensor residual = ops::grad(ops::sum(ops::mul(tx, tw)), {tx})[0];
+    const Tensor norm_only = ops::grad(ops::sum(ops::mul(normed, tw)), {tx})[0];
+    EXPECT_EQ(values(ops::cast(both, DType::kF64)), values(ops::cast(ops::add(residual, norm_only), DType::kF64)));
+  }
+}
+
 // The scale's gradient is summed over the rows in one pass (no products written): against the host
 // on meshes whose rows are split while other axes hold replicas, with the scale split over such an
 // axis (its gradient's reduce-scatter then reads the replicas' partial sums), rank 2 to 4, in f32

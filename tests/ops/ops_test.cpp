@@ -62,6 +62,39 @@ TEST(Ops, DotAndItsTransposesMatchTheHostOnRandomShardings) {
   }
 }
 
+// An input read by three products (a transformer's queries, keys and values from one normalized
+// input): its gradient's terms after the first are added by the products' GEMMs, starting from the
+// sum so far, instead of by passes of their own. With k in one GEMM block, each element has the
+// bits of the terms taken apart and added in the same order; on random meshes and shardings (where
+// a term is a partial sum or split otherwise, the terms are added apart), in f32 and f64.
+TEST(Ops, ProductsAddTheirInputsGradientTermsToTheBit) {
+  Runtime rt = Runtime::host(8);
+  std::mt19937 rng(60);
+  for (int iter = 0; iter < 16; ++iter) {
+    const Mesh mesh = iter < 2 ? Mesh::parse("data=1") : testing::random_mesh(rng);
+    const DType dtype = iter % 2 ? DType::kF64 : DType::kF32;
+    SCOPED_TRACE(mesh.to_string() + " " + std::string(name(dtype)));
+    auto sh = [&](size_t rank) {
+      return NamedSharding(mesh, iter < 2 ? PartitionSpec{} : testing::random_spec(rng, mesh, rank));
+    };
+    const Host x = random_host(rng, {4, 6, 24});
+    const Tensor tx = ops::requires_grad(ops::cast(put(rt, x, sh(3)), dtype));
+    std::vector<Tensor> w, g;
+    for (int i = 0; i < 3; ++i) {
+      w.push_back(ops::cast(put(rt, random_host(rng, {24, 16}), sh(2)), dtype));
+      g.push_back(ops::cast(put(rt, random_host(rng, {4, 6, 16}), sh(3)), dtype));
+    }
+    auto term = [&](int i) { return ops::sum(ops::mul(ops::dot(tx, w[i]), g[i])); };
+    const Tensor all = ops::grad(ops::add(ops::add(term(0), term(1)), term(2)), {tx})[0];
+    std::vector<Tensor> apart;
+    for (int i = 0; i < 3; ++i) apart.push_back(ops::grad(term(i), {tx})[0]);
+    // grad() visits the last product first.
+    const Tensor want = ops::add(ops::add(apart[2], apart[1]), apart[0]);
+    EXPECT_EQ(values(ops::cast(all, DType::kF64)), values(ops::cast(want, DType::kF64)));
+    EXPECT_EQ(all.sharding(), tx.sharding());
+  }
+}
+
 // A weight gradient contracting a batch split over axes of size 1 (MaxText's batch over data and
 // fsdp on a tensor-only mesh) is whole, not a partial sum: its replicated block is computed once and
 // every device's replica shares it, as the same product on one device.

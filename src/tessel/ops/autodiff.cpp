@@ -121,18 +121,37 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt) {
     auto [slot, fresh] = grads.emplace(node, placed);
     if (!fresh) slot->second = add(slot->second, placed);
   };
+  // A folding backward takes each input's gradient so far out of `grads`; those it did not fold
+  // go back, to be summed with its result as any other backward's.
+  auto fold = [&](detail::Node* node, const Tensor& g) {
+    const size_t n = node->inputs.size();
+    std::vector<Tensor> pending(n);
+    std::vector<detail::Node*> taken(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      detail::Node* child = node->inputs[i].node().get();
+      auto slot = child ? grads.find(child) : grads.end();
+      if (slot == grads.end()) continue;  // none yet, or taken for an earlier input
+      pending[i] = std::move(slot->second);
+      taken[i] = child;
+      grads.erase(slot);
+    }
+    std::vector<Tensor> out = node->backward_folding(g, pending);
+    for (size_t i = 0; i < n; ++i)
+      if (taken[i] && pending[i].defined()) grads.emplace(taken[i], std::move(pending[i]));
+    return out;
+  };
   if (loss.node()) grads[loss.node().get()] = filled(loss, loss.shape(), NamedSharding(loss.mesh(), {}), 1.0);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     detail::Node* node = *it;
     settle(node);
     auto g = grads.find(node);
-    if (g == grads.end() || node->leaf || !node->backward) continue;
+    if (g == grads.end() || node->leaf || (!node->backward && !node->backward_folding)) continue;
     if (node->slice) {
       const Tensor& x = node->inputs.front();
       if (x.node()) pieces[x.node().get()].push_back({x.shape(), x.sharding(), node->slice->dim, node->slice->index, g->second});
       continue;
     }
-    const std::vector<Tensor> inputs_grads = node->backward(g->second);
+    const std::vector<Tensor> inputs_grads = node->backward ? node->backward(g->second) : fold(node, g->second);
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       detail::Node* child = node->inputs[i].node().get();
       if (!child || !inputs_grads[i].defined()) continue;

@@ -2,8 +2,10 @@
 // fewest bytes, and the per-device GEMMs (oneDNN or OpenBLAS through local.h, or packed_gemm for
 // many devices of few rows).
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -191,7 +193,15 @@ Backward dot_tn_backward(const Tensor& a, const Tensor& g) {
   };
 }
 
-Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
+// Whether `plus` can start a product's output of `sharding`, the GEMM adding onto it.
+bool starts_output(const Tensor& plus, const Tensor& like, const NamedSharding& sharding) {
+  return plus.defined() && !plus.is_partial() && !plus.is_abstract() && !like.is_abstract() &&
+         plus.dtype() == like.dtype() && plus.sharding() == sharding;
+}
+
+// With `plus` (a gradient gathered so far, or null): the product added onto it where the GEMMs
+// can start from its blocks, and *plus cleared; else *plus is left for the caller to add.
+Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b, Tensor* plus = nullptr) {
   const char* op = trans_b ? "dot_nt" : "dot";
   check_operands(a_in, b_in, op);
   const size_t kb = trans_b ? 1 : 0;
@@ -224,22 +234,39 @@ Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b) {
                            });
   }
   const Tensor b = reshard_raw(b0, b_sharding);
-  return output(a, shape, a.dtype(), with_dims(a.mesh(), plan.out), plan.partial,
+  const NamedSharding out_sharding = with_dims(a.mesh(), plan.out);
+  // A gradient's next term added in the GEMM (which then skips clearing its output) instead of
+  // in a pass of its own over both: the sum as the GEMM accumulates it, the bits of add() where
+  // k is one block of the GEMM's (the LM's query, key and value products, all of k 256).
+  Tensor start;
+  if (plus && plan.partial.empty() && starts_output(*plus, a, out_sharding)) start = std::exchange(*plus, Tensor());
+  return output(a, shape, a.dtype(), out_sharding, plan.partial,
                 [&](int64_t device, const Box& box, std::byte* out) {
                   const Box& ab = block_box(a, device);
                   const int64_t k = ab.extent(ab.rank() - 1);
                   const int64_t m = box.volume() / std::max<int64_t>(box.extent(box.rank() - 1), 1);
                   const int64_t n = box.extent(box.rank() - 1);
                   if (box.volume() == 0) return;
-                  detail::gemm(a.dtype(), false, trans_b, m, n, k, block(a, device), block(b, device), out, false);
+                  if (start.defined()) {
+                    const auto row = static_cast<size_t>(n) * item_size(a.dtype());
+                    const std::byte* from = block(start, device);
+                    detail::split_range(m, 64, [&](int64_t lo, int64_t hi) {
+                      std::memcpy(out + static_cast<size_t>(lo) * row, from + static_cast<size_t>(lo) * row, static_cast<size_t>(hi - lo) * row);
+                    });
+                  }
+                  detail::gemm(a.dtype(), false, trans_b, m, n, k, block(a, device), block(b, device), out,
+                               start.defined());
                 });
 }
 
 }  // namespace
 
 Tensor dot(const Tensor& a, const Tensor& b) {
-  return record(dot_impl(a, b, false), {a, b}, [a, b](const Tensor& g) {
-    return std::vector<Tensor>{needs(a) ? dot_nt(g, b) : Tensor(), needs(b) ? dot_tn(a, g) : Tensor()};
+  // a's gradient starts from what a has gathered so far (the queries', keys' and values'
+  // products of one normalized input, say).
+  return record_folding(dot_impl(a, b, false), {a, b}, [a, b](const Tensor& g, std::vector<Tensor>& pending) {
+    return std::vector<Tensor>{needs(a) ? dot_impl(g, b, true, &pending[0]) : Tensor(),
+                               needs(b) ? dot_tn(a, g) : Tensor()};
   });
 }
 

@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 #include <set>
+#include <utility>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/autodiff.h"
@@ -802,10 +803,17 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
       });
     });
   });
-  return record(y, {x_in, scale_in}, [x, scale, inv, n, nx = needs(x_in), ns = needs(scale_in)](const Tensor& g_in) {
+  return record_folding(y, {x_in, scale_in}, [x, scale, inv, n, nx = needs(x_in), ns = needs(scale_in)](
+                                                 const Tensor& g_in, std::vector<Tensor>& pending) {
     const Tensor g = reshard_raw(reduce_raw(g_in, nullptr), x.sharding());
     Tensor dx, dscale;
     if (nx) {
+      // x's gradient so far (the residual stream's, from the block x feeds) added as dx is
+      // written: each element pending + dx, the bits of add(pending, dx).
+      Tensor plus;
+      if (pending[0].defined() && !pending[0].is_partial() && pending[0].dtype() == x.dtype() &&
+          pending[0].sharding() == x.sharding() && !pending[0].is_abstract())
+        plus = std::exchange(pending[0], Tensor());
       dx = output(x, x.shape(), x.dtype(), x.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
         const int64_t rows = n == 0 ? 0 : box.volume() / n;
         detail::split_range(rows, 16, [&](int64_t lo, int64_t hi) {
@@ -814,8 +822,9 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
             rms_grad_rows(reinterpret_cast<const T*>(block(x, device)) + lo * n,
                           reinterpret_cast<const T*>(block(scale, device)),
                           reinterpret_cast<const T*>(block(inv, device)) + lo,
-                          reinterpret_cast<const T*>(block(g, device)) + lo * n, reinterpret_cast<T*>(o) + lo * n,
-                          hi - lo, n);
+                          reinterpret_cast<const T*>(block(g, device)) + lo * n,
+                          plus.defined() ? reinterpret_cast<const T*>(block(plus, device)) + lo * n : nullptr,
+                          reinterpret_cast<T*>(o) + lo * n, hi - lo, n);
           });
         });
       });

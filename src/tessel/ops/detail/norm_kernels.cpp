@@ -21,15 +21,20 @@ template <class T>
 }
 
 template <class T>
-[[gnu::always_inline]] inline void rms_grad(const T* x, const T* scale, const T* inv, const T* g, T* dx, int64_t rows,
-                                            int64_t n) {
+[[gnu::always_inline]] inline void rms_grad(const T* x, const T* scale, const T* inv, const T* g, const T* plus, T* dx,
+                                            int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = x + r * n, *gr = g + r * n;
     const double dot =
         reduce_lanes(n, 0.0, [gr, scale, xr](int64_t i) { return static_cast<double>(gr[i]) * scale[i] * xr[i]; }, kPlus);
     const T v = inv[r];
     const T c = static_cast<T>(dot / static_cast<double>(n)) * v * v;
-    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = v * (gr[i] * scale[i] - xr[i] * c);
+    if (plus) {
+      const T* pr = plus + r * n;
+      for (int64_t i = 0; i < n; ++i) dx[r * n + i] = pr[i] + v * (gr[i] * scale[i] - xr[i] * c);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dx[r * n + i] = v * (gr[i] * scale[i] - xr[i] * c);
+    }
   }
 }
 
@@ -45,12 +50,12 @@ TESSEL_VECTOR_CLONES void rms_rows(const double* x, const double* scale, double*
 }
 
 TESSEL_VECTOR_CLONES void rms_grad_rows(const float* x, const float* scale, const float* inv, const float* g,
-                                        float* dx, int64_t rows, int64_t n) {
-  rms_grad(x, scale, inv, g, dx, rows, n);
+                                        const float* plus, float* dx, int64_t rows, int64_t n) {
+  rms_grad(x, scale, inv, g, plus, dx, rows, n);
 }
 TESSEL_VECTOR_CLONES void rms_grad_rows(const double* x, const double* scale, const double* inv, const double* g,
-                                        double* dx, int64_t rows, int64_t n) {
-  rms_grad(x, scale, inv, g, dx, rows, n);
+                                        const double* plus, double* dx, int64_t rows, int64_t n) {
+  rms_grad(x, scale, inv, g, plus, dx, rows, n);
 }
 
 TESSEL_VECTOR_CLONES void rms_scale_grad_row(const float* x, const float* g, float inv, float* acc, int64_t n) {

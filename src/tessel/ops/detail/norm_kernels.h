@@ -13,11 +13,12 @@ namespace tessel::ops::detail {
 void rms_rows(const float* x, const float* scale, float* y, float* inv, int64_t rows, int64_t n, double eps);
 void rms_rows(const double* x, const double* scale, double* y, double* inv, int64_t rows, int64_t n, double eps);
 
-// dx = inv * (g * scale - x * inv^2 * mean(g * scale * x)) per row (the mean's sum in double).
-void rms_grad_rows(const float* x, const float* scale, const float* inv, const float* g, float* dx, int64_t rows,
-                   int64_t n);
-void rms_grad_rows(const double* x, const double* scale, const double* inv, const double* g, double* dx,
+// dx = inv * (g * scale - x * inv^2 * mean(g * scale * x)) per row (the mean's sum in double),
+// with `plus` (unless null) added to it: plus + dx, each rounded as its own add would round it.
+void rms_grad_rows(const float* x, const float* scale, const float* inv, const float* g, const float* plus, float* dx,
                    int64_t rows, int64_t n);
+void rms_grad_rows(const double* x, const double* scale, const double* inv, const double* g, const double* plus,
+                   double* dx, int64_t rows, int64_t n);
 
 // acc[c] += g[c] * (x[c] * inv) for c in [0, n): one row's terms of the scale's gradient.
 void rms_scale_grad_row(const float* x, const float* g, float inv, float* acc, int64_t n);

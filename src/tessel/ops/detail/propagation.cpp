@@ -1,6 +1,7 @@
 #include "tessel/ops/detail/propagation.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 
 #include "tessel/core/error.h"
@@ -45,12 +46,28 @@ Axes united(Axes a, const Axes& b) {
 }
 
 // --- the graph
-Tensor record(Tensor out, std::vector<Tensor> inputs, Backward backward) {
-  if (!recording()) return out;
-  if (std::none_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.node() != nullptr; })) return out;
+namespace {
+// A graph node over `inputs`, or null when not recording or when no input is in the graph.
+std::shared_ptr<detail::Node> node_over(std::vector<Tensor> inputs) {
+  if (!recording()) return nullptr;
+  if (std::none_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.node() != nullptr; })) return nullptr;
   auto node = std::make_shared<detail::Node>();
   node->inputs = std::move(inputs);
+  return node;
+}
+}  // namespace
+
+Tensor record(Tensor out, std::vector<Tensor> inputs, Backward backward) {
+  auto node = node_over(std::move(inputs));
+  if (!node) return out;
   node->backward = std::move(backward);
+  return out.with_node(std::move(node));
+}
+
+Tensor record_folding(Tensor out, std::vector<Tensor> inputs, FoldingBackward backward) {
+  auto node = node_over(std::move(inputs));
+  if (!node) return out;
+  node->backward_folding = std::move(backward);
   return out.with_node(std::move(node));
 }
 

@@ -39,6 +39,10 @@ inline bool needs(const Tensor& t) { return t.node() != nullptr; }
 using Backward = std::function<std::vector<Tensor>(const Tensor&)>;
 // `out` with a graph node when recording and some input is in the graph.
 Tensor record(Tensor out, std::vector<Tensor> inputs, Backward backward);
+// The same, for a backward that may fold the gradients its inputs have gathered so far into its
+// own (Node::backward_folding).
+using FoldingBackward = std::function<std::vector<Tensor>(const Tensor&, std::vector<Tensor>& pending)>;
+Tensor record_folding(Tensor out, std::vector<Tensor> inputs, FoldingBackward backward);
 
 using BlockFn = std::function<void(int64_t device, const Box& box, std::byte* out)>;
 // An op's result: abstract when `like` is, else every device's block written by fn.
