@@ -193,12 +193,6 @@ Backward dot_tn_backward(const Tensor& a, const Tensor& g) {
   };
 }
 
-// Whether `plus` can start a product's output of `sharding`, the GEMM adding onto it.
-bool starts_output(const Tensor& plus, const Tensor& like, const NamedSharding& sharding) {
-  return plus.defined() && !plus.is_partial() && !plus.is_abstract() && !like.is_abstract() &&
-         plus.dtype() == like.dtype() && plus.sharding() == sharding;
-}
-
 // With `plus` (a gradient gathered so far, or null): the product added onto it where the GEMMs
 // can start from its blocks, and *plus cleared; else *plus is left for the caller to add.
 Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b, Tensor* plus = nullptr) {
@@ -239,7 +233,7 @@ Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b, Tensor* pl
   // in a pass of its own over both: the sum as the GEMM accumulates it, the bits of add() where
   // k is one block of the GEMM's (the LM's query, key and value products, all of k 256).
   Tensor start;
-  if (plus && plan.partial.empty() && starts_output(*plus, a, out_sharding)) start = std::exchange(*plus, Tensor());
+  if (plus && plan.partial.empty() && folds_into(*plus, a, out_sharding)) start = std::exchange(*plus, Tensor());
   return output(a, shape, a.dtype(), out_sharding, plan.partial,
                 [&](int64_t device, const Box& box, std::byte* out) {
                   const Box& ab = block_box(a, device);
@@ -251,7 +245,8 @@ Tensor dot_impl(const Tensor& a_in, const Tensor& b_in, bool trans_b, Tensor* pl
                     const auto row = static_cast<size_t>(n) * item_size(a.dtype());
                     const std::byte* from = block(start, device);
                     detail::split_range(m, 64, [&](int64_t lo, int64_t hi) {
-                      std::memcpy(out + static_cast<size_t>(lo) * row, from + static_cast<size_t>(lo) * row, static_cast<size_t>(hi - lo) * row);
+                      const size_t at = static_cast<size_t>(lo) * row;
+                      std::memcpy(out + at, from + at, static_cast<size_t>(hi - lo) * row);
                     });
                   }
                   detail::gemm(a.dtype(), false, trans_b, m, n, k, block(a, device), block(b, device), out,

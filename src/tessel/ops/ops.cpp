@@ -811,9 +811,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& scale_in, double eps) {
       // x's gradient so far (the residual stream's, from the block x feeds) added as dx is
       // written: each element pending + dx, the bits of add(pending, dx).
       Tensor plus;
-      if (pending[0].defined() && !pending[0].is_partial() && pending[0].dtype() == x.dtype() &&
-          pending[0].sharding() == x.sharding() && !pending[0].is_abstract())
-        plus = std::exchange(pending[0], Tensor());
+      if (folds_into(pending[0], x, x.sharding())) plus = std::exchange(pending[0], Tensor());
       dx = output(x, x.shape(), x.dtype(), x.sharding(), {}, [&](int64_t device, const Box& box, std::byte* o) {
         const int64_t rows = n == 0 ? 0 : box.volume() / n;
         detail::split_range(rows, 16, [&](int64_t lo, int64_t hi) {

@@ -71,6 +71,11 @@ Tensor record_folding(Tensor out, std::vector<Tensor> inputs, FoldingBackward ba
   return out.with_node(std::move(node));
 }
 
+bool folds_into(const Tensor& pending, const Tensor& like, const NamedSharding& sharding) {
+  return pending.defined() && !pending.is_partial() && !pending.is_abstract() && !like.is_abstract() &&
+         pending.dtype() == like.dtype() && pending.sharding() == sharding;
+}
+
 namespace {
 // A sum over the devices along axes of size 1 is each device's own term: those axes leave a
 // partial sum whole (a batch split over data=1, fsdp=1 on a tensor=8 mesh contracts over them).

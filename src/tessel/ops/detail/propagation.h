@@ -43,6 +43,9 @@ Tensor record(Tensor out, std::vector<Tensor> inputs, Backward backward);
 // own (Node::backward_folding).
 using FoldingBackward = std::function<std::vector<Tensor>(const Tensor&, std::vector<Tensor>& pending)>;
 Tensor record_folding(Tensor out, std::vector<Tensor> inputs, FoldingBackward backward);
+// Whether a folding backward can add `pending` into the pass that writes an output like `like`
+// on `sharding`: concrete, whole (not a partial sum), of its dtype and sharding.
+bool folds_into(const Tensor& pending, const Tensor& like, const NamedSharding& sharding);
 
 using BlockFn = std::function<void(int64_t device, const Box& box, std::byte* out)>;
 // An op's result: abstract when `like` is, else every device's block written by fn.
